@@ -1,0 +1,58 @@
+"""rlinf.scheduler: workers, groups, placement, timing, point-to-point and channels.
+
+The public API mirrors the RLinf scheduler so that programs written for it
+run unchanged; launchers and transports are plugins (see ``plugins.hookspecs``).
+"""
+
+from .address import WorkerAddress
+from .channel import Channel
+from .cluster import Cluster
+from .errors import (
+    CommTimeoutError,
+    CommunicationError,
+    GroupNameError,
+    LaunchError,
+    PeerDiedError,
+    PlacementError,
+    PluginError,
+    RlinfError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerMethodError,
+)
+from .group import WorkerGroup, WorkerGroupFuncResult
+from .info import WorkerInfo
+from .p2p.options import CollectiveGroupOptions
+from .placement import (
+    FlexiblePlacementStrategy,
+    NodePlacementStrategy,
+    PackedPlacementStrategy,
+    PlacementStrategy,
+)
+from .worker import Worker
+
+__all__ = [
+    "Channel",
+    "Cluster",
+    "CollectiveGroupOptions",
+    "CommTimeoutError",
+    "CommunicationError",
+    "FlexiblePlacementStrategy",
+    "GroupNameError",
+    "LaunchError",
+    "NodePlacementStrategy",
+    "PackedPlacementStrategy",
+    "PeerDiedError",
+    "PlacementError",
+    "PlacementStrategy",
+    "PluginError",
+    "RlinfError",
+    "Worker",
+    "WorkerAddress",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerGroup",
+    "WorkerGroupFuncResult",
+    "WorkerInfo",
+    "WorkerMethodError",
+]

@@ -1,0 +1,43 @@
+"""``python -m rlinf.scheduler plugins``: list discovered plugins and whether each is usable."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+
+def _plugins() -> int:
+    from .plugins import get_registry
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # failures are printed below, once
+        registry = get_registry()
+    rows = [("NAME", "KIND", "DISTRIBUTION", "VERSION", "PRIORITY", "USABLE", "REASON")]
+    for p in sorted(registry.all_provided(), key=lambda p: (p.kind, -p.descriptor.priority, p.name)):
+        reason = p.unusable_reason()
+        extra = f" devices={','.join(p.descriptor.devices)}" if p.kind == "transport" else ""
+        rows.append((p.name, p.kind + extra, p.source.distribution, p.source.version, str(p.descriptor.priority),
+                     "no" if reason else "yes", reason or ""))
+    for s in registry.failures():
+        rows.append((s.entry_point, "broken", s.distribution, s.version, "-", "no", s.error.splitlines()[0]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    if not registry.autoload:
+        print("(plugin autoloading is off: RLINF_PLUGINS_AUTOLOAD=0)")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlinf.scheduler")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("plugins", help="list launcher and transport plugins and whether each is usable here")
+    args = parser.parse_args(argv)
+    if args.command == "plugins":
+        return _plugins()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

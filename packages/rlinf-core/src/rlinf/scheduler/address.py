@@ -1,0 +1,165 @@
+"""Hierarchical worker names.
+
+A worker is named by the name of its root group plus a path of ranks: rank 2
+of group ``"actor"`` is ``"actor:2"``, and child 1 of that worker (in a group the
+worker launched itself) is ``"actor:2:1"``.  Every worker in a cluster can be
+reached through such a name, so the address is the unit that point-to-point
+communication and the group registry key on.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence, Union
+
+RankPath = Union[int, Sequence[int]]
+
+_SEP = ":"
+
+
+def _normalize_ranks(ranks: RankPath | None) -> tuple[int, ...]:
+    if ranks is None:
+        return ()
+    if isinstance(ranks, bool):
+        raise TypeError(f"a rank must be an int, got {ranks!r}")
+    if isinstance(ranks, int):
+        ranks = (ranks,)
+    try:
+        path = tuple(ranks)
+    except TypeError:
+        raise TypeError(f"ranks must be an int or a sequence of ints, got {ranks!r}") from None
+    for r in path:
+        if isinstance(r, bool) or not isinstance(r, int):
+            raise TypeError(f"a rank must be an int, got {r!r} in {ranks!r}")
+        if r < 0:
+            raise ValueError(f"a rank must be >= 0, got {r} in {ranks!r}")
+    return path
+
+
+def validate_group_name(name: str) -> str:
+    """Return ``name`` if it can serve as a root group name, else raise."""
+    if not isinstance(name, str):
+        raise TypeError(f"a group name must be a str, got {type(name).__name__}")
+    if not name or _SEP in name or name != name.strip():
+        raise ValueError(
+            f"invalid group name {name!r}: it must be non-empty, have no surrounding "
+            f"whitespace and contain no {_SEP!r}"
+        )
+    return name
+
+
+class WorkerAddress:
+    """The cluster-wide name of one worker: a root group name and a rank path."""
+
+    __slots__ = ("_root", "_ranks")
+
+    def __init__(self, root_group_name: str, ranks: RankPath | None = None):
+        self._root = validate_group_name(root_group_name)
+        self._ranks = _normalize_ranks(ranks)
+
+    # -- construction -----------------------------------------------------
+    @classmethod
+    def from_name(cls, name: str) -> "WorkerAddress":
+        """Parse ``"group:0:1"`` back into an address."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"invalid worker address name {name!r}")
+        root, *parts = name.split(_SEP)
+        try:
+            ranks = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"invalid worker address name {name!r}: ranks must be integers") from None
+        return cls(root, ranks)
+
+    @classmethod
+    def from_parent_name(cls, parent_name: str, rank: int) -> "WorkerAddress":
+        return cls.from_name(parent_name).get_child_address(rank)
+
+    # -- attributes -------------------------------------------------------
+    @property
+    def root_group_name(self) -> str:
+        return self._root
+
+    @property
+    def rank_path(self) -> list[int]:
+        return list(self._ranks)
+
+    @property
+    def rank(self) -> int:
+        """The rank within the worker's own group (the last element of the path)."""
+        if not self._ranks:
+            raise ValueError(f"address {self.get_name()!r} names a group, not a worker")
+        return self._ranks[-1]
+
+    @property
+    def group_key(self) -> str:
+        """Name of the group this worker belongs to (the address minus its last rank)."""
+        return self.get_parent_address().get_name() if len(self._ranks) > 1 else self._root
+
+    # -- navigation -------------------------------------------------------
+    def get_name(self) -> str:
+        return _SEP.join([self._root, *map(str, self._ranks)])
+
+    def get_parent_rank(self) -> int:
+        if len(self._ranks) < 2:
+            raise ValueError(f"worker {self.get_name()!r} has no parent worker")
+        return self._ranks[-2]
+
+    def get_parent_address(self) -> "WorkerAddress":
+        if not self._ranks:
+            raise ValueError(f"group address {self.get_name()!r} has no parent")
+        return WorkerAddress(self._root, self._ranks[:-1])
+
+    def get_child_address(self, rank: int) -> "WorkerAddress":
+        return WorkerAddress(self._root, self._ranks + _normalize_ranks(rank))
+
+    def is_descendant_of(self, other: "WorkerAddress") -> bool:
+        return self._root == other._root and self._ranks[: len(other._ranks)] == other._ranks
+
+    # -- value semantics --------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WorkerAddress):
+            return NotImplemented
+        return self._root == other._root and self._ranks == other._ranks
+
+    def __lt__(self, other: "WorkerAddress") -> bool:
+        if not isinstance(other, WorkerAddress):
+            return NotImplemented
+        return (self._root, self._ranks) < (other._root, other._ranks)
+
+    def __le__(self, other: "WorkerAddress") -> bool:
+        return self == other or self < other
+
+    def __gt__(self, other: "WorkerAddress") -> bool:
+        if not isinstance(other, WorkerAddress):
+            return NotImplemented
+        return other < self
+
+    def __ge__(self, other: "WorkerAddress") -> bool:
+        return self == other or self > other
+
+    def __hash__(self) -> int:
+        return hash((self._root, self._ranks))
+
+    def __reduce__(self):
+        return (WorkerAddress, (self._root, list(self._ranks)))
+
+    def __repr__(self) -> str:
+        return f"WorkerAddress({self.get_name()!r})"
+
+    __str__ = get_name
+
+
+def resolve_address(group_name: str, rank: RankPath) -> WorkerAddress:
+    """Address of ``rank`` (an int or a rank path) in the group named ``group_name``.
+
+    ``group_name`` may itself be a worker address name (``"g:0"``), in which case
+    ``rank`` indexes that worker's child group.
+    """
+    base = WorkerAddress.from_name(group_name)
+    path = _normalize_ranks(rank)
+    if not path:
+        raise ValueError(f"no rank given for group {group_name!r}")
+    return WorkerAddress(base.root_group_name, base.rank_path + list(path))
+
+
+def names(addresses: Iterable[WorkerAddress]) -> list[str]:
+    return [a.get_name() for a in addresses]

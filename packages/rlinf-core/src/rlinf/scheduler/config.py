@@ -1,0 +1,53 @@
+"""Environment knobs, read in one place so that every module agrees on them."""
+
+from __future__ import annotations
+
+import os
+
+#: seconds a blocking communication operation waits before raising TimeoutError
+TIMEOUT_ENV = "RLINF_TIMEOUT"
+#: seconds launch waits for workers to start and construct
+LAUNCH_TIMEOUT_ENV = "RLINF_LAUNCH_TIMEOUT"
+LAUNCHER_ENV = "RLINF_LAUNCHER"
+TRANSPORT_ENV = "RLINF_TRANSPORT"
+AUTOLOAD_ENV = "RLINF_PLUGINS_AUTOLOAD"
+PLUGINS_ENV = "RLINF_PLUGINS"
+
+DEFAULT_TIMEOUT = 1800.0
+DEFAULT_LAUNCH_TIMEOUT = 300.0
+
+
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"environment variable {name}={raw!r} must be positive")
+    return value
+
+
+def default_timeout() -> float:
+    return _float_env(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+
+
+def launch_timeout() -> float:
+    return _float_env(LAUNCH_TIMEOUT_ENV, DEFAULT_LAUNCH_TIMEOUT)
+
+
+def resolve_timeout(timeout: float | None) -> float:
+    """An explicit timeout, validated, or the configured default."""
+    if timeout is None:
+        return default_timeout()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    return float(timeout)
+
+
+def autoload_enabled() -> bool:
+    return os.environ.get(AUTOLOAD_ENV, "1").strip().lower() not in ("0", "false", "no", "off")

@@ -1,0 +1,309 @@
+"""``WorkerGroup``: many workers of one class, called as one.
+
+``group.method(...)`` submits the call to every selected worker and returns a
+``WorkerGroupFuncResult`` at once.  Launch validates everything it can
+(placement, name, picklability) before any process starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Optional, Sequence
+
+from . import config, context
+from .address import WorkerAddress, validate_group_name
+from .cluster import Cluster, current_session
+from .errors import GroupNameError, LaunchError, WorkerDiedError, WorkerError
+from .launcher import CallOutcome, GroupRecord, LauncherSession, WorkerRecord, WorkerSpec
+from .placement import PlacementStrategy, default_placement
+from .serialization import dumps_worker_payload
+from .timing import reduce_durations
+
+
+def _primary_error(errors: list[WorkerError]) -> WorkerError:
+    """The failure to report when several ranks failed: the cause, not the echo.
+
+    A dead process beats an exception, an exception beats a failure caused by
+    a peer (a peer died, a message never came); ties go to the earliest.
+    """
+
+    def rank(err):
+        kind = 0 if isinstance(err, WorkerDiedError) else (2 if getattr(err, "secondary", False) else 1)
+        return (kind, err.timestamp)
+
+    return min(errors, key=rank)
+
+
+class WorkerGroupFuncResult:
+    """The pending result of one group call."""
+
+    def __init__(self, group: "WorkerGroup", method: str, ranks: list[int], calls: list):
+        self._group = group
+        self._method = method
+        self._ranks = ranks
+        self._calls = calls
+        self._outcomes: Optional[list] = None
+        self._durations: Optional[list[dict]] = None
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self._ranks)
+
+    def done(self) -> bool:
+        return self._outcomes is not None or all(c.done() for c in self._calls)
+
+    def _finish(self, outcomes: list) -> list:
+        self._outcomes = outcomes
+        if self._durations is None:
+            self._durations = [o.durations if isinstance(o, CallOutcome) else {} for o in outcomes]
+        return self._results()
+
+    def _results(self) -> list:
+        errors = []
+        for rank, outcome in zip(self._ranks, self._outcomes):
+            if isinstance(outcome, CallOutcome):
+                if not outcome.ok:
+                    errors.append(outcome.value)
+            else:
+                errors.append(self._group._died(rank, self._method, outcome))
+        if errors:
+            primary = _primary_error(errors)
+            primary.errors = errors
+            cause = getattr(primary, "cause", None)
+            if cause is not None:
+                raise primary from cause
+            raise primary
+        return [o.value for o in self._outcomes]
+
+    def wait(self, timeout: Optional[float] = None) -> list:
+        """Results in rank order; raises the primary failure if any rank failed."""
+        if self._outcomes is not None:
+            return self._results()
+        try:
+            outcomes = self._group._session.collect(self._calls, timeout)
+        except TimeoutError:
+            pending = [r for r, c in zip(self._ranks, self._calls) if not c.done()]
+            raise TimeoutError(
+                f"method {self._method!r} on group {self._group.worker_group_name!r} did not finish within "
+                f"{timeout} s; ranks still running: {pending}"
+            ) from None
+        return self._finish(outcomes)
+
+    async def async_wait(self) -> list:
+        """Awaitable ``wait`` that never blocks the event loop."""
+        if self._outcomes is None:
+            outcomes = await self._group._session.collect_async(self._calls)
+            if self._outcomes is None:
+                self._finish(outcomes)
+        return self._results()
+
+    def __await__(self):
+        return self.async_wait().__await__()
+
+    def consume_durations(self, reduction_type: str = "max", return_per_rank: bool = False):
+        """Timings of this call, ``{tag: seconds}`` reduced over the ranks that ran it.
+
+        Consumed once: a second call returns ``{}``.  With ``return_per_rank``,
+        returns ``(reduced, [per-rank dict, ...])``.
+        """
+        if reduction_type not in ("max", "min", "mean"):
+            raise ValueError(f"reduction_type must be 'max', 'min' or 'mean', got {reduction_type!r}")
+        if self._outcomes is None:
+            try:
+                self.wait()
+            except WorkerError:
+                pass  # the timings of the ranks that ran are still reported
+        per_rank = self._durations or []
+        self._durations = [{} for _ in per_rank]
+        reduced = reduce_durations(per_rank, reduction_type)
+        return (reduced, per_rank) if return_per_rank else reduced
+
+
+class _MethodCaller:
+    __slots__ = ("_group", "_name")
+
+    def __init__(self, group: "WorkerGroup", name: str):
+        self._group = group
+        self._name = name
+
+    def __call__(self, *args, **kwargs) -> WorkerGroupFuncResult:
+        return self._group._call(self._name, args, kwargs)
+
+    def __repr__(self):
+        return f"<group method {self._group.worker_group_name}.{self._name}>"
+
+
+def _public_methods(cls: type) -> set[str]:
+    return {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n, None))}
+
+
+class WorkerGroup:
+    """A group of workers of one class, launched together."""
+
+    def __init__(self, worker_cls: type, args: tuple = (), kwargs: Optional[dict] = None):
+        self._cls = worker_cls
+        self._args = args
+        self._kwargs = kwargs or {}
+        self._methods = _public_methods(worker_cls)
+        self._session: Optional[LauncherSession] = None
+        self._handles: list = []
+        self._records: list[WorkerRecord] = []
+        self._name: Optional[str] = None
+        self._selection: Optional[list[int]] = None
+        self._cluster: Optional[Cluster] = None
+
+    # -- launch -------------------------------------------------------------
+    def launch(
+        self,
+        cluster: Optional[Cluster] = None,
+        placement_strategy: Optional[PlacementStrategy] = None,
+        name: Optional[str] = None,
+        timeout: Optional[float] = None,
+        **_ignored,
+    ) -> "WorkerGroup":
+        if self._session is not None:
+            raise RuntimeError(f"group {self._name!r} is already launched")
+        if cluster is None:
+            cluster = Cluster()
+        elif not isinstance(cluster, Cluster):
+            raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+        if placement_strategy is not None and not isinstance(placement_strategy, PlacementStrategy):
+            raise TypeError(f"placement_strategy must be a PlacementStrategy, got {placement_strategy!r}")
+        parent = context.current()
+        if name is None and parent is not None:
+            key, base = parent.address.get_name(), parent.address  # a child group of this worker
+        else:
+            key = validate_group_name(name if name is not None else f"Worker_group_{self._cls.__name__}")
+            base = WorkerAddress(key)
+        strategy = placement_strategy or default_placement(cluster.nodes)
+        placements = strategy.get_placement(cluster.nodes)
+        try:
+            payload = dumps_worker_payload(self._cls, self._args, self._kwargs)
+        except Exception as exc:
+            raise TypeError(
+                f"cannot send worker class {self._cls.__name__} and its arguments to the workers of group "
+                f"{key!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        session = cluster.session
+        try:
+            session.reserve_group(key)
+        except GroupNameError:
+            raise GroupNameError(
+                f"a group named {key!r} is already running in this cluster; pass name= to launch() "
+                f"to give this one another name"
+            ) from None
+        nodes = {n.node_rank: n for n in cluster.nodes}
+        master_addr = nodes[placements[0].node_rank].ip
+        specs = []
+        for p in placements:
+            env = {
+                "MASTER_ADDR": master_addr,
+                "RANK": str(p.rank),
+                "LOCAL_RANK": str(p.local_rank),
+                "WORLD_SIZE": str(len(placements)),
+                "LOCAL_WORLD_SIZE": str(p.local_world_size),
+                "NODE_RANK": str(p.node_rank),
+            }
+            if p.local_gpu_ids:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.local_gpu_ids))
+            specs.append(WorkerSpec(key, base.get_child_address(p.rank), len(placements), p, nodes[p.node_rank], env))
+        try:
+            started = session.start_workers(specs, payload, timeout or config.launch_timeout())
+            self._handles = [h for h, _ in started]
+            self._records = [r for _, r in started]
+            session.register_group(GroupRecord(key, self._cls.__name__, self._records, session.launcher_name))
+        except BaseException:
+            session.release_group(key)
+            raise
+        self._session, self._name, self._cluster = session, key, cluster
+        return self
+
+    # -- attributes -----------------------------------------------------------
+    @property
+    def worker_group_name(self) -> Optional[str]:
+        return self._name
+
+    @property
+    def world_size(self) -> int:
+        return len(self._records)
+
+    @property
+    def worker_info_list(self):
+        return [r.info for r in self._records]
+
+    @property
+    def worker_cls(self) -> type:
+        return self._cls
+
+    def execute_on(self, *ranks: int) -> "WorkerGroup":
+        """Run the next call on these ranks only."""
+        self._require_launched()
+        flat: list[int] = []
+        for r in ranks:
+            flat.extend(r if isinstance(r, (list, tuple)) else [r])
+        if not flat:
+            raise ValueError("execute_on() needs at least one rank")
+        for r in flat:
+            if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.world_size:
+                raise ValueError(
+                    f"execute_on: rank {r!r} is out of range for group {self._name!r} of {self.world_size} worker(s)"
+                )
+        self._selection = flat
+        return self
+
+    # -- calls ----------------------------------------------------------------
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(
+                f"{name!r} is private to {self.__dict__.get('_cls', type(None)).__name__}: methods whose names start "
+                f"with '_' are not exposed on a worker group"
+            )
+        if name not in self.__dict__.get("_methods", ()):
+            raise AttributeError(f"worker class {self._cls.__name__} has no public method {name!r}")
+        return _MethodCaller(self, name)
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | self._methods)
+
+    def _require_launched(self):
+        if self._session is None:
+            raise RuntimeError(f"worker group of {self._cls.__name__} is not launched: call .launch(cluster) first")
+
+    def _call(self, method: str, args: tuple, kwargs: dict) -> WorkerGroupFuncResult:
+        self._require_launched()
+        ranks = self._selection if self._selection is not None else list(range(len(self._handles)))
+        self._selection = None
+        submit = self._session.submit
+        calls = [submit(self._handles[r], method, args, kwargs) for r in ranks]
+        return WorkerGroupFuncResult(self, method, ranks, calls)
+
+    def _died(self, rank: int, method: str, reason: Any) -> WorkerError:
+        if isinstance(reason, WorkerError):
+            return reason
+        info = self._records[rank].info
+        return WorkerDiedError(
+            f"the worker process died ({reason})",
+            group=self._name,
+            rank=rank,
+            node=info.node_id,
+            node_ip=info.node_ip,
+            method=method,
+            pid=info.pid,
+            timestamp=time.time(),
+        )
+
+    # -- teardown ---------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop this group's workers and free its name."""
+        if self._session is None:
+            return
+        try:
+            self._session.stop_workers(self._handles)
+        finally:
+            self._session.release_group(self._name)
+            self._session = None
+
+    def __repr__(self):
+        state = f"{self.world_size} workers" if self._session else "not launched"
+        return f"<WorkerGroup {self._name or self._cls.__name__}: {state}>"

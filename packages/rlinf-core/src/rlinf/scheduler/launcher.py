@@ -1,0 +1,141 @@
+"""The launcher interface: what a backend must do to run worker groups.
+
+A launcher starts one process per worker, wherever the placement says,
+hosts a ``rlinf.scheduler.host.WorkerHost`` in it, forwards method calls to
+that host, notices when a process dies, and keeps a cluster-wide registry of
+groups so that any worker (or the driver) can find any other by name.
+Everything else (placement, environment variables, timing, error reports,
+communication) is done by core, identically for every launcher.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from .address import WorkerAddress
+from .info import WorkerInfo
+from .placement import NodeInfo, WorkerPlacement
+
+
+@dataclass
+class WorkerSpec:
+    """Everything needed to start one worker process."""
+
+    group_key: str
+    address: WorkerAddress
+    world_size: int
+    placement: WorkerPlacement
+    node: NodeInfo
+    env: dict[str, str]
+
+
+@dataclass
+class WorkerRecord:
+    """A started worker as the registry stores it: its info and its endpoints."""
+
+    info: WorkerInfo
+    endpoints: dict = field(default_factory=dict)  # transport name -> connection info
+
+
+@dataclass
+class GroupRecord:
+    name: str
+    class_name: str
+    workers: list[WorkerRecord]
+    launcher: str = ""
+
+
+@dataclass
+class CallOutcome:
+    """What one rank returned for one call: a value or an error, plus that call's timings."""
+
+    ok: bool
+    value: Any
+    durations: dict
+
+
+class PendingCall(ABC):
+    """One submitted call on one worker."""
+
+    @abstractmethod
+    def done(self) -> bool: ...
+
+
+class LauncherSession(ABC):
+    """A live connection to one cluster through one launcher."""
+
+    launcher_name: str = ""
+
+    @property
+    @abstractmethod
+    def nodes(self) -> Sequence[NodeInfo]:
+        """The cluster's nodes, node 0 first (the node of the driver where possible)."""
+
+    @abstractmethod
+    def start_workers(self, specs: Sequence[WorkerSpec], payload: bytes, timeout: float) -> list[tuple[Any, WorkerRecord]]:
+        """Start and construct one worker per spec; return (handle, record) per rank.
+
+        ``payload`` is the pickled (class, args, kwargs) to construct in each
+        process through ``WorkerHost.construct``.  On any failure, stop what was
+        started and raise ``LaunchError`` naming the rank.
+        """
+
+    @abstractmethod
+    def submit(self, handle: Any, method: str, args: tuple, kwargs: dict) -> PendingCall:
+        """Run ``WorkerHost.execute(method, args, kwargs)`` in the worker; do not block."""
+
+    @abstractmethod
+    def collect(self, calls: Sequence[PendingCall], timeout: Optional[float]) -> list:
+        """Wait for the calls; per call return a ``CallOutcome`` or a ``WorkerDiedError``.
+
+        Raise ``TimeoutError`` if they are not all done within ``timeout``.
+        """
+
+    async def collect_async(self, calls: Sequence[PendingCall]) -> list:
+        """Awaitable ``collect``; the default runs it in a thread."""
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(None, self.collect, calls, None)
+
+    @abstractmethod
+    def stop_workers(self, handles: Sequence[Any]) -> None:
+        """Stop the processes (idempotent)."""
+
+    # -- registry -----------------------------------------------------------
+    @abstractmethod
+    def reserve_group(self, name: str) -> None:
+        """Claim a group name cluster-wide; raise ``GroupNameError`` if taken."""
+
+    @abstractmethod
+    def register_group(self, record: GroupRecord) -> None:
+        """Publish the records of a reserved group."""
+
+    @abstractmethod
+    def release_group(self, name: str) -> None:
+        """Forget a group (after it stopped or failed to start)."""
+
+    @abstractmethod
+    def lookup_group(self, name: str) -> Optional[GroupRecord]:
+        """The group's record, or None if no such group is registered."""
+
+    @abstractmethod
+    def list_groups(self) -> list[str]: ...
+
+    def shutdown(self) -> None:
+        """Disconnect; an embedded cluster started by this session is stopped."""
+
+
+class Launcher(ABC):
+    """Factory of sessions; built by a ``LauncherPlugin``'s factory."""
+
+    name: str = ""
+
+    @abstractmethod
+    def connect(self, num_nodes: int, **options) -> LauncherSession:
+        """From a driver: join the running cluster, or start an embedded one."""
+
+    @abstractmethod
+    def attach(self) -> LauncherSession:
+        """From inside a worker process started by this launcher: the same cluster."""

@@ -1,0 +1,415 @@
+"""The built-in CPU transport: sockets everywhere, shared memory on one host.
+
+Peers on one host connect over a Unix socket (abstract namespace: no file to
+clean up) and large buffers travel through ``memfd`` shared memory: one copy
+on the sender, none on the receiver.  Peers on different hosts (or when
+``RLINF_CPU_LOCAL=0``) connect over TCP and buffers travel inline.
+
+Wire format of one message::
+
+    header  <BBHHH>   kind, flags, nframes, nnew, ndrop
+    nnew  x <IxxxxQ>  new segment id, capacity   (fds ride along, SCM_RIGHTS)
+    ndrop x <I>       segment ids the receiver may unmap
+    nframes x <BxxxIQQ> where (0 inline, 1 shm), segment id, offset, length
+    inline frame bytes, in order
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+import uuid
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from .shm import DATA_OFFSET, ReceiverCache, SenderPool
+from .transport import Link, Transport
+
+LOCAL_ENV = "RLINF_CPU_LOCAL"
+#: buffers at least this large go through shared memory (same host only)
+SHM_MIN_ENV = "RLINF_CPU_SHM_MIN_BYTES"
+
+_HEADER = struct.Struct("<BBHHH")
+_NEWSEG = struct.Struct("<IxxxxQ")
+_DROP = struct.Struct("<I")
+_FRAME = struct.Struct("<BxxxIQQ")
+_HELLO = struct.Struct("<I")
+KIND_DATA = 1
+FLAG_RAW = 1
+INLINE, SHM = 0, 1
+_CHUNK = 1 << 16
+_ALIGN = 64
+_MAX_FDS = 64
+
+
+def _host_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _remaining(deadline: Optional[float]) -> Optional[float]:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    return left
+
+
+def _nbytes(buf) -> int:
+    return memoryview(buf).nbytes
+
+
+class SocketLink(Link):
+    """One connected stream socket; shared memory when ``local``."""
+
+    def __init__(self, sock: socket.socket, local: bool):
+        self.sock = sock
+        self.local = local
+        self.zero_copy = local
+        self._shm_min = int(os.environ.get(SHM_MIN_ENV, str(1 << 16)))
+        self._pool = SenderPool() if local else None
+        self._cache = ReceiverCache() if local else None
+        self._rbuf = bytearray(_CHUNK)
+        self._rstart = 0
+        self._rend = 0
+        self._fds: list[int] = []
+        self._broken: Optional[str] = None
+        self._wlock = threading.Lock()
+        self._rlock = threading.Lock()
+
+    # -- sending ------------------------------------------------------------
+    def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
+        self._check()
+        views = [memoryview(f).cast("B") if memoryview(f).format != "B" or memoryview(f).ndim != 1 else memoryview(f) for f in frames]
+        descs, inline, fds, newsegs, drops = [], [], [], [], []
+        big = [v for v in views if v.nbytes >= self._shm_min] if self.local else []
+        seg = None
+        if big:
+            total = sum(-(-v.nbytes // _ALIGN) * _ALIGN for v in big)
+            seg, created = self._pool.acquire(total)
+            if created:
+                newsegs.append(_NEWSEG.pack(seg.seg_id, seg.capacity))
+                fds.append(seg.fd)
+            drops = [_DROP.pack(i) for i in self._pool.take_dropped()]
+        offset = 0
+        for v in views:
+            if seg is not None and v.nbytes >= self._shm_min:
+                np.copyto(seg.view[DATA_OFFSET + offset : DATA_OFFSET + offset + v.nbytes], np.frombuffer(v, dtype=np.uint8))
+                descs.append(_FRAME.pack(SHM, seg.seg_id, offset, v.nbytes))
+                offset += -(-v.nbytes // _ALIGN) * _ALIGN
+            else:
+                descs.append(_FRAME.pack(INLINE, 0, 0, v.nbytes))
+                if v.nbytes:
+                    inline.append(v)
+        header = b"".join(
+            [_HEADER.pack(KIND_DATA, FLAG_RAW if raw else 0, len(views), len(newsegs), len(drops)), *newsegs, *drops, *descs]
+        )
+        with self._wlock:
+            try:
+                self._send_all([header, *inline], fds, deadline)
+            except BaseException as exc:
+                self._broken = f"a send failed midway ({type(exc).__name__})"
+                raise
+
+    def _send_all(self, buffers: list, fds: list[int], deadline: Optional[float]) -> None:
+        sock = self.sock
+        pending = [memoryview(b).cast("B") for b in buffers]
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        while pending:
+            sock.settimeout(_remaining(deadline))
+            sent = sock.sendmsg(pending[:512], anc)
+            anc = []
+            while sent and pending:
+                head = pending[0]
+                if sent >= head.nbytes:
+                    sent -= head.nbytes
+                    pending.pop(0)
+                else:
+                    pending[0] = head[sent:]
+                    sent = 0
+
+    # -- receiving ------------------------------------------------------------
+    def _check(self) -> None:
+        if self._broken:
+            raise ConnectionError(f"the connection is unusable: {self._broken}")
+
+    def _fill(self, deadline: Optional[float]) -> None:
+        """Read more bytes into the buffer (compacting it first)."""
+        if self._rstart:
+            n = self._rend - self._rstart
+            self._rbuf[:n] = self._rbuf[self._rstart : self._rend]
+            self._rstart, self._rend = 0, n
+        if self._rend == len(self._rbuf):
+            self._rbuf.extend(bytes(len(self._rbuf)))
+        self.sock.settimeout(_remaining(deadline))
+        view = memoryview(self._rbuf)[self._rend :]
+        if self.local:
+            n, anc, _flags, _ = self.sock.recvmsg_into([view], socket.CMSG_SPACE(_MAX_FDS * 4))
+            for level, kind, data in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(data[: len(data) - len(data) % 4])
+                    self._fds.extend(fds)
+        else:
+            n = self.sock.recv_into(view)
+        if n == 0:
+            self._broken = "the peer closed the connection"
+            raise ConnectionError("the peer closed the connection (its process may have died)")
+        self._rend += n
+
+    def _take(self, n: int, deadline: Optional[float]) -> memoryview:
+        while self._rend - self._rstart < n:
+            self._fill(deadline)
+        view = memoryview(self._rbuf)[self._rstart : self._rstart + n]
+        self._rstart += n
+        return view
+
+    def _read_into(self, target: memoryview, deadline: Optional[float]) -> None:
+        have = min(self._rend - self._rstart, target.nbytes)
+        if have:
+            target[:have] = self._rbuf[self._rstart : self._rstart + have]
+            self._rstart += have
+        pos = have
+        while pos < target.nbytes:
+            self.sock.settimeout(_remaining(deadline))
+            n = self.sock.recv_into(target[pos:])
+            if n == 0:
+                self._broken = "the peer closed the connection"
+                raise ConnectionError("the peer closed the connection mid-message (its process may have died)")
+            pos += n
+
+    def _read_message_head(self, deadline: Optional[float]):
+        self._check()
+        kind, flags, nframes, nnew, ndrop = _HEADER.unpack(self._take(_HEADER.size, deadline))
+        # the message has started: finish it even if the deadline passes, or the stream is lost
+        rest = None
+        if kind != KIND_DATA:
+            self._broken = f"unexpected message kind {kind}"
+            raise ConnectionError(self._broken)
+        body = bytes(self._take(nnew * _NEWSEG.size + ndrop * _DROP.size + nframes * _FRAME.size, rest))
+        pos = 0
+        for _ in range(nnew):
+            seg_id, capacity = _NEWSEG.unpack_from(body, pos)
+            pos += _NEWSEG.size
+            if not self._fds:
+                self._broken = "a shared-memory segment arrived without its descriptor"
+                raise ConnectionError(self._broken)
+            self._cache.add(seg_id, self._fds.pop(0), capacity)
+        for _ in range(ndrop):
+            self._cache.drop(_DROP.unpack_from(body, pos)[0])
+            pos += _DROP.size
+        frames = [_FRAME.unpack_from(body, pos + i * _FRAME.size) for i in range(nframes)]
+        return bool(flags & FLAG_RAW), frames
+
+    def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
+        with self._rlock:
+            raw, frames = self._read_message_head(deadline)
+            try:
+                out = []
+                shm = [(seg, off, n) for where, seg, off, n in frames if where == SHM]
+                whole = None
+                if shm:
+                    seg_id = shm[0][0]
+                    end = max(off + n for _, off, n in shm)
+                    whole = self._cache.view(seg_id, 0, end)
+                for where, seg_id, off, n in frames:
+                    if where == SHM:
+                        out.append(whole[off : off + n])
+                    else:
+                        buf = bytearray(n)
+                        if n:
+                            self._read_into(memoryview(buf), None)
+                        out.append(buf)
+                return raw, out
+            except BaseException as exc:
+                self._broken = self._broken or f"a receive failed midway ({type(exc).__name__})"
+                raise
+
+    def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
+        with self._rlock:
+            raw, frames = self._read_message_head(deadline)
+            views = [memoryview(t).cast("B") for t in targets]
+            sizes = [n for _, _, _, n in frames]
+            mismatch = len(sizes) != len(views) or any(n != v.nbytes for n, v in zip(sizes, views))
+            try:
+                for i, (where, seg_id, off, n) in enumerate(frames):
+                    if where == SHM:
+                        if mismatch:
+                            self._cache.release(seg_id)
+                        else:
+                            self._cache.copy_out(seg_id, off, n, views[i])
+                    elif mismatch:
+                        self._read_into(memoryview(bytearray(n)), None)  # consume and discard
+                    elif n:
+                        self._read_into(views[i], None)
+            except BaseException as exc:
+                self._broken = self._broken or f"a receive failed midway ({type(exc).__name__})"
+                raise
+            if mismatch:
+                raise ValueError(f"the message holds buffers of {sizes} bytes, the receiver offered {[v.nbytes for v in views]}")
+            return raw
+
+    def close(self) -> None:
+        self._broken = self._broken or "closed"
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+        if self._pool is not None:
+            self._pool.close()
+        if self._cache is not None:
+            self._cache.close()
+
+
+def _tune(sock: socket.socket, tcp: bool) -> None:
+    if tcp:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+        except OSError:
+            pass
+
+
+class CpuTransport(Transport):
+    name = "cpu"
+
+    def __init__(self):
+        self._listeners: list[socket.socket] = []
+        self._selector: Optional[selectors.BaseSelector] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._on_accept: Optional[Callable] = None
+        self._links: list[SocketLink] = []
+        self._lock = threading.Lock()
+
+    def listen(self, on_accept, local_ip: str) -> dict:
+        self._on_accept = on_accept
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tcp.bind((local_ip, 0))
+        tcp.listen(128)
+        unix_name = f"\0rlinf-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(unix_name)
+        unix.listen(128)
+        self._listeners = [tcp, unix]
+        self._selector = selectors.DefaultSelector()
+        for s in self._listeners:
+            s.setblocking(False)
+            self._selector.register(s, selectors.EVENT_READ)
+        self._thread = threading.Thread(target=self._accept_loop, name="rlinf-cpu-accept", daemon=True)
+        self._thread.start()
+        return {
+            "tcp": [local_ip, tcp.getsockname()[1]],
+            "unix": unix_name[1:],
+            "host": _host_id(),
+            "pid": os.getpid(),
+        }
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                events = self._selector.select(timeout=0.5)
+            except (OSError, ValueError):
+                return
+            for key, _ in events:
+                try:
+                    conn, _ = key.fileobj.accept()
+                except OSError:
+                    continue
+                threading.Thread(target=self._handshake, args=(conn,), name="rlinf-cpu-hello", daemon=True).start()
+
+    def _handshake(self, conn: socket.socket) -> None:
+        is_tcp = conn.family == socket.AF_INET
+        try:
+            conn.setblocking(True)
+            _tune(conn, is_tcp)
+            conn.settimeout(10.0)
+            (n,) = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+            hello = _recv_exact(conn, n)
+        except (OSError, struct.error):
+            conn.close()
+            return
+        link = SocketLink(conn, local=not is_tcp)
+        with self._lock:
+            self._links.append(link)
+        self._on_accept(link, hello)
+
+    def _use_local(self, endpoint: dict) -> bool:
+        return os.environ.get(LOCAL_ENV, "1") != "0" and endpoint.get("host") == _host_id()
+
+    def connect(self, endpoint: dict, hello: bytes, deadline: Optional[float]) -> Link:
+        sock = None
+        if self._use_local(endpoint):
+            try:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(_remaining(deadline))
+                sock.connect("\0" + endpoint["unix"])
+                local = True
+            except OSError:
+                sock.close()
+                sock = None  # another network namespace: fall back to TCP
+        if sock is None:
+            host, port = endpoint["tcp"]
+            sock = socket.create_connection((host, port), timeout=_remaining(deadline))
+            local = False
+        _tune(sock, not local)
+        sock.settimeout(_remaining(deadline))
+        sock.sendall(_HELLO.pack(len(hello)) + hello)
+        link = SocketLink(sock, local=local)
+        with self._lock:
+            self._links.append(link)
+        return link
+
+    def probe(self, endpoint: dict) -> bool:
+        if endpoint.get("host") == _host_id():
+            try:
+                os.kill(int(endpoint["pid"]), 0)
+                return True
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+        try:
+            socket.create_connection(tuple(endpoint["tcp"]), timeout=2.0).close()
+            return True
+        except ConnectionRefusedError:
+            return False
+        except OSError:
+            return True
+
+    def close(self) -> None:
+        self._stop.set()
+        for s in self._listeners:
+            try:
+                s.close()
+            except OSError:
+                pass
+        with self._lock:
+            links, self._links = self._links, []
+        for link in links:
+            link.close()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise OSError("connection closed during handshake")
+        out += chunk
+    return bytes(out)

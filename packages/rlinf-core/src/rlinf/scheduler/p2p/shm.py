@@ -1,0 +1,173 @@
+"""Shared-memory segments for same-host transfers, with no names to leak.
+
+Segments are anonymous ``memfd`` files: their descriptors travel over a Unix
+socket (``SCM_RIGHTS``), so nothing appears in ``/dev/shm`` and the kernel
+frees the memory when the last process unmaps it, even after a crash.
+
+The first page of a segment holds a state word.  The sender sets it to
+BUSY before handing the segment over; the receiver sets it back to FREE when
+every tensor viewing the segment has been garbage collected.  The sender
+reuses FREE segments (already faulted in, so the copy runs at memcpy speed)
+without any message flowing back.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+import weakref
+from typing import Optional
+
+import numpy as np
+
+PAGE = 4096
+DATA_OFFSET = PAGE
+FREE, BUSY = 0, 1
+_STATE = struct.Struct("<Q")
+_ROUND = 1 << 20
+
+POOL_ENV = "RLINF_SHM_POOL_MB"
+
+
+def _pool_limit() -> int:
+    return int(float(os.environ.get(POOL_ENV, "2048")) * (1 << 20))
+
+
+class Segment:
+    __slots__ = ("seg_id", "capacity", "fd", "mm", "view")
+
+    def __init__(self, seg_id: int, capacity: int, fd: int, mm: mmap.mmap):
+        self.seg_id = seg_id
+        self.capacity = capacity  # bytes available for data
+        self.fd = fd
+        self.mm = mm
+        self.view = np.frombuffer(mm, dtype=np.uint8)
+
+    def state(self) -> int:
+        return _STATE.unpack_from(self.mm, 0)[0]
+
+    def set_state(self, value: int) -> None:
+        _STATE.pack_into(self.mm, 0, value)
+
+    def close(self) -> None:
+        self.view = None
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # still viewed here; the mapping goes when the views do
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def create_segment(seg_id: int, nbytes: int) -> Segment:
+    capacity = -(-nbytes // _ROUND) * _ROUND
+    fd = os.memfd_create(f"rlinf-{seg_id}", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, DATA_OFFSET + capacity)
+        mm = mmap.mmap(fd, DATA_OFFSET + capacity)
+    except BaseException:
+        os.close(fd)
+        raise
+    seg = Segment(seg_id, capacity, fd, mm)
+    seg.set_state(FREE)
+    return seg
+
+
+class SenderPool:
+    """The segments one link's sender owns; picks a FREE one or makes a new one."""
+
+    def __init__(self):
+        self._segments: dict[int, Segment] = {}
+        self._next_id = 1
+        self._lock = threading.Lock()
+        self._dropped: list[int] = []
+
+    def acquire(self, nbytes: int) -> tuple[Segment, bool]:
+        """A segment with room for ``nbytes``, marked BUSY; ``True`` if newly created."""
+        with self._lock:
+            best: Optional[Segment] = None
+            for seg in self._segments.values():
+                if seg.capacity >= nbytes and seg.capacity <= max(2 * nbytes, nbytes + 8 * _ROUND) and seg.state() == FREE:
+                    if best is None or seg.capacity < best.capacity:
+                        best = seg
+            created = best is None
+            if created:
+                best = create_segment(self._next_id, nbytes)
+                self._next_id += 1
+                self._segments[best.seg_id] = best
+            best.set_state(BUSY)
+            self._trim(keep=best.seg_id)
+            return best, created
+
+    def _trim(self, keep: int) -> None:
+        limit = _pool_limit()
+        total = sum(s.capacity for s in self._segments.values())
+        if total <= limit:
+            return
+        for seg in sorted(self._segments.values(), key=lambda s: -s.capacity):
+            if total <= limit:
+                break
+            if seg.seg_id != keep and seg.state() == FREE:
+                total -= seg.capacity
+                del self._segments[seg.seg_id]
+                self._dropped.append(seg.seg_id)
+                seg.close()
+
+    def take_dropped(self) -> list[int]:
+        with self._lock:
+            dropped, self._dropped = self._dropped, []
+            return dropped
+
+    def close(self) -> None:
+        with self._lock:
+            for seg in self._segments.values():
+                seg.close()
+            self._segments.clear()
+
+
+def _mark_free(mm: mmap.mmap) -> None:
+    try:
+        _STATE.pack_into(mm, 0, FREE)
+    except ValueError:
+        pass  # already unmapped
+
+
+class ReceiverCache:
+    """The segments a link's receiver has mapped, by sender-assigned id."""
+
+    def __init__(self):
+        self._maps: dict[int, mmap.mmap] = {}
+
+    def add(self, seg_id: int, fd: int, capacity: int) -> None:
+        try:
+            self._maps[seg_id] = mmap.mmap(fd, DATA_OFFSET + capacity)
+        finally:
+            os.close(fd)
+
+    def drop(self, seg_id: int) -> None:
+        self._maps.pop(seg_id, None)  # unmapped once no tensor views it
+
+    def view(self, seg_id: int, offset: int, length: int) -> np.ndarray:
+        """A zero-copy view; the segment is FREE again once the view and all its slices are gone."""
+        mm = self._maps[seg_id]
+        whole = np.frombuffer(mm, dtype=np.uint8, count=length, offset=DATA_OFFSET + offset)
+        weakref.finalize(whole, _mark_free, mm)
+        return whole
+
+    def copy_out(self, seg_id: int, offset: int, length: int, target) -> None:
+        mm = self._maps[seg_id]
+        src = np.frombuffer(mm, dtype=np.uint8, count=length, offset=DATA_OFFSET + offset)
+        np.copyto(np.frombuffer(target, dtype=np.uint8), src)
+        del src
+        _mark_free(mm)
+
+    def release(self, seg_id: int) -> None:
+        mm = self._maps.get(seg_id)
+        if mm is not None:
+            _mark_free(mm)
+
+    def close(self) -> None:
+        self._maps.clear()

@@ -1,0 +1,72 @@
+"""The transport interface: how a plugin moves buffers between two processes.
+
+Core does everything else: message format (``codec``), per-pair ordering,
+async work, timeouts and error messages.  A transport implements three
+small things:
+
+* ``listen(on_accept, local_ip)``: start accepting connections; return the endpoint
+  info (a JSON-able dict) that core publishes in the group registry.
+  ``on_accept(link, hello)`` is called for each incoming connection with the
+  hello bytes the connecting side sent.
+* ``connect(endpoint, hello, timeout)``: connect to a peer's published
+  endpoint and deliver ``hello`` to it; return a ``Link``.
+* ``Link``: one connection.  ``send(frames)`` delivers one message made of
+  buffers; ``recv()`` returns the next message as a list of buffers (which may
+  be views of shared memory: the transport learns when they are freed through
+  the objects it returns); ``recv_into(targets)`` fills preallocated buffers.
+  Every blocking method takes ``deadline`` (``time.monotonic()`` based) and
+  raises ``TimeoutError`` past it, and raises ``ConnectionError`` when the peer
+  goes away.  Core names the peer in both cases.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, Optional, Sequence
+
+
+class Link(ABC):
+    """A connection to one peer carrying whole messages in order."""
+
+    #: set by a transport whose ``recv`` may return shared-memory views
+    zero_copy = False
+
+    @abstractmethod
+    def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
+        """Send one message.  ``raw`` marks a ``send_tensor`` message (no object header)."""
+
+    @abstractmethod
+    def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
+        """Receive one message: ``(raw, buffers)``."""
+
+    @abstractmethod
+    def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
+        """Receive one message straight into ``targets`` (writable buffers).
+
+        Returns the message's ``raw`` flag; raises ``ValueError`` (and consumes
+        the message) if the sizes do not match the targets.
+        """
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Transport(ABC):
+    """A buffer mover between processes, provided by a ``TransportPlugin``."""
+
+    name: str = ""
+
+    @abstractmethod
+    def listen(self, on_accept: Callable[[Link, bytes], None], local_ip: str) -> dict:
+        """Start accepting connections on ``local_ip`` (this node's address); return endpoint info to publish."""
+
+    @abstractmethod
+    def connect(self, endpoint: dict, hello: bytes, deadline: Optional[float]) -> Link:
+        """Connect to a peer's endpoint and send ``hello``."""
+
+    def probe(self, endpoint: dict) -> bool:
+        """Whether the peer behind ``endpoint`` still seems alive (used while waiting for it)."""
+        return True
+
+    def close(self) -> None:
+        """Stop listening and close every link."""

@@ -1,0 +1,15 @@
+"""The plugin system: hook specs, descriptors, discovery and selection."""
+
+from .descriptors import LauncherPlugin, TransportPlugin
+from .hookspecs import hookimpl, hookspec
+from .manager import PluginRegistry, get_registry, reset_registry
+
+__all__ = [
+    "LauncherPlugin",
+    "TransportPlugin",
+    "hookimpl",
+    "hookspec",
+    "PluginRegistry",
+    "get_registry",
+    "reset_registry",
+]

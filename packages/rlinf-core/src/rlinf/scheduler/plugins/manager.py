@@ -1,0 +1,239 @@
+"""Discovery and selection of plugins.
+
+Loading is defensive: every plugin is imported, registered and asked for its
+descriptors on its own, so a broken plugin is recorded with the reason and
+the rest keep working.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import os
+import threading
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pluggy
+
+from .. import config
+from ..errors import PluginError
+from . import hookspecs
+from .descriptors import LauncherPlugin, TransportPlugin
+
+CORE_DISTRIBUTION = "rlinf-core"
+_KINDS = {
+    "launcher": ("rlinf_register_launchers", LauncherPlugin),
+    "transport": ("rlinf_register_transports", TransportPlugin),
+}
+
+
+@dataclass
+class PluginSource:
+    """Where a plugin came from: its entry point and distribution."""
+
+    entry_point: str
+    module: str
+    distribution: str
+    version: str
+    error: Optional[str] = None  # set when the plugin could not be loaded
+
+
+@dataclass
+class Provided:
+    """One descriptor together with the plugin that provided it."""
+
+    kind: str
+    descriptor: object
+    source: PluginSource
+    conflicts: list = field(default_factory=list)  # other sources claiming the same name
+    _usable: Optional[tuple] = None
+
+    @property
+    def name(self) -> str:
+        return self.descriptor.name
+
+    def unusable_reason(self) -> Optional[str]:
+        if self.conflicts:
+            dists = ", ".join(f"{s.distribution} ({s.entry_point})" for s in [self.source, *self.conflicts])
+            return f"{self.kind} name {self.name!r} is registered by more than one plugin: {dists}"
+        if self._usable is None:
+            try:
+                self._usable = (self.descriptor.check(),)
+            except Exception as exc:  # a check must not raise; report it as unusable
+                self._usable = (f"usability check raised {type(exc).__name__}: {exc}",)
+        return self._usable[0]
+
+
+def _entry_points() -> list:
+    return list(md.entry_points(group=hookspecs.PROJECT))
+
+
+def _explicit_modules() -> list[tuple[str, str]]:
+    raw = os.environ.get(config.PLUGINS_ENV, "")
+    out = []
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        name, _, module = item.rpartition("=")
+        out.append((name or module, module))
+    return out
+
+
+class PluginRegistry:
+    """All plugins this process knows about, loaded once."""
+
+    def __init__(self, autoload: Optional[bool] = None):
+        self.autoload = config.autoload_enabled() if autoload is None else autoload
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.sources: list[PluginSource] = []
+        self.provided: dict[str, dict[str, Provided]] = {kind: {} for kind in _KINDS}
+        self._load()
+
+    # -- loading ----------------------------------------------------------
+    def _load(self) -> None:
+        candidates = []
+        for ep in _entry_points():
+            dist = getattr(ep, "dist", None)
+            dist_name = dist.metadata["Name"] if dist is not None else "?"
+            version = dist.version if dist is not None else "?"
+            if not self.autoload and dist_name != CORE_DISTRIBUTION:
+                continue
+            candidates.append(PluginSource(ep.name, ep.value, dist_name, version))
+        known = {c.module for c in candidates}
+        for name, module in _explicit_modules():
+            if module not in known:
+                candidates.append(PluginSource(name, module, self._dist_of(module), "?"))
+        for source in candidates:
+            self._load_one(source)
+
+    @staticmethod
+    def _dist_of(module: str) -> str:
+        top = module.split(".")[0]
+        dists = md.packages_distributions().get(top, [])
+        return dists[0] if len(dists) == 1 else f"module {module}"
+
+    def _fail(self, source: PluginSource, what: str) -> None:
+        source.error = what
+        warnings.warn(
+            f"rlinf plugin {source.entry_point!r} ({source.module}) from distribution "
+            f"{source.distribution} {source.version} is disabled: {what.splitlines()[0]}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _load_one(self, source: PluginSource) -> None:
+        self.sources.append(source)
+        try:
+            module = importlib.import_module(source.module)
+        except BaseException as exc:  # SystemExit from a plugin must not end the program
+            self._fail(source, f"import failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            return
+        plugin_name = f"{source.distribution}:{source.entry_point}"
+        if self.pm.is_registered(module):
+            return  # the same module advertised twice: load once
+        try:
+            self.pm.register(module, name=plugin_name)
+            self.pm.check_pending()
+        except Exception as exc:
+            if self.pm.is_registered(module):
+                self.pm.unregister(module)
+            self._fail(source, f"does not meet the hook specs: {exc}")
+            return
+        hooks_found = False
+        for kind, (hook_name, cls) in _KINDS.items():
+            caller = getattr(self.pm.hook, hook_name)
+            for impl in caller.get_hookimpls():
+                if impl.plugin is not module:
+                    continue
+                hooks_found = True
+                try:
+                    result = impl.function()
+                except Exception as exc:
+                    self._fail(source, f"hook {hook_name} raised {type(exc).__name__}: {exc}")
+                    continue
+                for descriptor in result or []:
+                    if not isinstance(descriptor, cls) or not isinstance(getattr(descriptor, "name", None), str):
+                        self._fail(source, f"hook {hook_name} returned {descriptor!r}, not a {cls.__name__}")
+                        continue
+                    self._add(kind, descriptor, source)
+        if not hooks_found:
+            self._fail(source, "it implements no rlinf hook")
+
+    def _add(self, kind: str, descriptor, source: PluginSource) -> None:
+        table = self.provided[kind]
+        existing = table.get(descriptor.name)
+        if existing is not None:
+            existing.conflicts.append(source)
+            return
+        table[descriptor.name] = Provided(kind, descriptor, source)
+
+    # -- queries ----------------------------------------------------------
+    def failures(self) -> list[PluginSource]:
+        return [s for s in self.sources if s.error]
+
+    def all_provided(self) -> list[Provided]:
+        return [p for table in self.provided.values() for p in table.values()]
+
+    def _pick(self, kind: str, name: Optional[str], env: str, candidates: list[Provided], what: str) -> Provided:
+        table = self.provided[kind]
+        chosen_by = "argument"
+        if name is None:
+            name = os.environ.get(env) or None
+            chosen_by = f"environment variable {env}"
+        if name is not None:
+            entry = table.get(name)
+            if entry is None:
+                broken = [s for s in self.failures() if s.entry_point == name]
+                hint = f" (plugin {name!r} failed to load: {broken[0].error.splitlines()[0]})" if broken else ""
+                raise PluginError(
+                    f"no {kind} named {name!r} (from {chosen_by}); installed {kind}s: "
+                    f"{sorted(table) or 'none'}{hint}"
+                )
+            reason = entry.unusable_reason()
+            if reason:
+                raise PluginError(f"{kind} {name!r} from {entry.source.distribution} is not usable here: {reason}")
+            return entry
+        usable = [p for p in candidates if not p.unusable_reason()]
+        if not usable:
+            details = "; ".join(f"{p.name}: {p.unusable_reason()}" for p in candidates) or f"no {kind} plugin is installed"
+            raise PluginError(f"no usable {kind} {what}({details})")
+        return max(usable, key=lambda p: p.descriptor.priority)
+
+    def launcher(self, name: Optional[str] = None) -> Provided:
+        return self._pick("launcher", name, config.LAUNCHER_ENV, list(self.provided["launcher"].values()), "")
+
+    def transport(self, name: Optional[str] = None, device: str = "cpu") -> Provided:
+        entry = self._pick(
+            "transport",
+            name,
+            config.TRANSPORT_ENV,
+            [p for p in self.provided["transport"].values() if device in p.descriptor.devices],
+            f"for {device} tensors ",
+        )
+        if device not in entry.descriptor.devices:
+            raise PluginError(
+                f"transport {entry.name!r} serves {list(entry.descriptor.devices)} tensors, not {device!r}"
+            )
+        return entry
+
+
+_registry: Optional[PluginRegistry] = None
+_lock = threading.Lock()
+
+
+def get_registry() -> PluginRegistry:
+    """The process-wide registry, loaded on first use."""
+    global _registry
+    with _lock:
+        if _registry is None:
+            _registry = PluginRegistry()
+        return _registry
+
+
+def reset_registry() -> None:
+    """Forget loaded plugins so the next use reads entry points again."""
+    global _registry
+    with _lock:
+        _registry = None

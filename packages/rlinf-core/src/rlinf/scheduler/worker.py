@@ -1,0 +1,162 @@
+"""``Worker``: the base class of every user worker.
+
+A subclass runs in its own process, started by a launcher as part of a
+``WorkerGroup``.  It knows its rank, world size, address and placement, has
+``MASTER_ADDR``/``RANK``/... set for ``torch.distributed``, times its code with
+``worker_timer``, and talks to any other worker with ``send``/``recv`` and
+channels.  Communication is delegated to the process's communicator.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Optional
+
+from . import context, timing
+from .address import RankPath, WorkerAddress
+from .info import WorkerInfo
+
+if TYPE_CHECKING:
+    from .group import WorkerGroup
+    from .p2p.async_work import AsyncWork
+    from .p2p.options import CollectiveGroupOptions
+
+
+class Worker:
+    """A remote process that runs the methods of a worker group."""
+
+    #: decorator that times a method under a tag: ``@Worker.timer("train_step")``
+    timer = staticmethod(timing.timer)
+
+    def __init__(self):
+        ctx = context.current()
+        if ctx is None:  # built outside a group (a unit test, the driver): a group of one
+            address = WorkerAddress(f"Local_{type(self).__name__}", 0)
+            self._rank, self._world_size = 0, 1
+            self._worker_address = address
+            self._worker_info = WorkerInfo(address=address, rank=0, node_id=0, gpu_id=None, node_ip="127.0.0.1")
+        else:
+            self._rank, self._world_size = ctx.rank, ctx.world_size
+            self._worker_address = ctx.address
+            self._worker_info = ctx.info
+        self._group_name = self._worker_address.group_key
+        self._logger = logging.getLogger(f"rlinf.worker.{self._worker_address.get_name()}")
+
+    # -- group creation ---------------------------------------------------------
+    @classmethod
+    def create_group(cls, *args, **kwargs) -> "WorkerGroup":
+        """An unlaunched group of this class; ``.launch(cluster, ...)`` starts it."""
+        from .group import WorkerGroup
+
+        return WorkerGroup(cls, args, kwargs)
+
+    # -- identity ---------------------------------------------------------------
+    @property
+    def worker_address(self) -> WorkerAddress:
+        return self._worker_address
+
+    @property
+    def worker_info(self) -> WorkerInfo:
+        return self._worker_info
+
+    @property
+    def worker_group_name(self) -> str:
+        return self._group_name
+
+    # -- timing -------------------------------------------------------------------
+    def worker_timer(self, tag: str):
+        """Context manager recording the body's wall time under ``tag`` for this call."""
+        return timing.worker_timer(tag)
+
+    # -- logging ------------------------------------------------------------------
+    def log_info(self, msg: str) -> None:
+        self._logger.info(msg)
+
+    def log_warning(self, msg: str) -> None:
+        self._logger.warning(msg)
+
+    def log_error(self, msg: str) -> None:
+        self._logger.error(msg)
+
+    # -- point-to-point -----------------------------------------------------------
+    def send(
+        self,
+        object: Any,
+        dst_group_name: str,
+        dst_rank: RankPath,
+        async_op: bool = False,
+        options: Optional["CollectiveGroupOptions"] = None,
+        timeout: Optional[float] = None,
+    ):
+        """Send any picklable object; tensors inside travel as raw bytes."""
+        from .p2p.api import send
+
+        return send(object, dst_group_name, dst_rank, async_op=async_op, options=options, timeout=timeout)
+
+    def recv(
+        self,
+        src_group_name: str,
+        src_rank: RankPath,
+        async_op: bool = False,
+        options: Optional["CollectiveGroupOptions"] = None,
+        timeout: Optional[float] = None,
+    ):
+        """Receive the next object the source sent to this worker."""
+        from .p2p.api import recv
+
+        return recv(src_group_name, src_rank, async_op=async_op, options=options, timeout=timeout)
+
+    def send_tensor(
+        self,
+        tensor,
+        dst_group_name: str,
+        dst_rank: RankPath,
+        async_op: bool = False,
+        options: Optional["CollectiveGroupOptions"] = None,
+        timeout: Optional[float] = None,
+    ):
+        """Send one contiguous tensor with no metadata; the receiver preallocates."""
+        from .p2p.api import send_tensor
+
+        return send_tensor(tensor, dst_group_name, dst_rank, async_op=async_op, options=options, timeout=timeout)
+
+    def recv_tensor(
+        self,
+        tensor,
+        src_group_name: str,
+        src_rank: RankPath,
+        async_op: bool = False,
+        options: Optional["CollectiveGroupOptions"] = None,
+        timeout: Optional[float] = None,
+    ):
+        """Fill ``tensor`` in place with the next tensor the source sent with ``send_tensor``."""
+        from .p2p.api import recv_tensor
+
+        return recv_tensor(tensor, src_group_name, src_rank, async_op=async_op, options=options, timeout=timeout)
+
+    def broadcast(
+        self,
+        object: Any = None,
+        groups: Optional[list] = None,
+        src: Optional[tuple] = None,
+        async_op: bool = False,
+        options: Optional["CollectiveGroupOptions"] = None,
+        timeout: Optional[float] = None,
+    ):
+        """Every listed worker calls this; the source's object is returned everywhere."""
+        from .p2p.api import broadcast
+
+        return broadcast(object, groups=groups, src=src, async_op=async_op, options=options, timeout=timeout)
+
+    # -- channels -----------------------------------------------------------------
+    def create_channel(self, name: Optional[str] = None, node_id: Optional[int] = None, maxsize: int = 0, **aliases):
+        """Create (or connect to) the FIFO channel ``name`` hosted on node ``node_id``."""
+        from .channel import create_channel_from_worker
+
+        return create_channel_from_worker(name, node_id, maxsize, aliases)
+
+    def connect_channel(self, name: Optional[str] = None, **aliases):
+        """Connect to the existing channel ``name``."""
+        from .channel import Channel
+
+        return Channel.connect(aliases.pop("channel_name", name), **aliases)

@@ -1,0 +1,1 @@
+"""MPI launcher and transport for rlinf (placeholder: not implemented yet)."""

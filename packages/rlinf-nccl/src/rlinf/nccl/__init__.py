@@ -1,0 +1,1 @@
+"""NCCL GPU transports for rlinf (placeholder: not implemented yet)."""

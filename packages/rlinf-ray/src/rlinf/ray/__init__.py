@@ -1,0 +1,1 @@
+"""Ray launcher plugin for rlinf: worker groups as Ray actors."""

@@ -1,0 +1,328 @@
+"""Ray sessions: start or join a Ray cluster and run worker groups as actors.
+
+Each group gets one placement group with one bundle per worker, each bundle
+pinned to its node by node-id label, so a placement that the cluster cannot
+host fails as a whole instead of half-starting.  Accelerators are assigned
+by core (``CUDA_VISIBLE_DEVICES``), not by Ray, so the strategy decides
+exactly which device each worker sees.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from rlinf.scheduler.errors import GroupNameError, LaunchError, WorkerError
+from rlinf.scheduler.launcher import CallOutcome, GroupRecord, Launcher, LauncherSession, PendingCall
+from rlinf.scheduler.placement import NodeInfo
+
+#: seconds to keep collecting the other ranks' outcomes after one rank failed,
+#: so that the root cause (not its echo on a peer) is reported
+ERROR_GRACE_ENV = "RLINF_ERROR_GRACE"
+#: fraction of a CPU each worker's bundle reserves (workers mostly wait)
+WORKER_CPU = 0.01
+NODE_LABEL = "ray.io/node-id"
+
+
+def _prepare_environment() -> None:
+    """Settings that must be in place before ``import ray`` for a loopback-only local cluster."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not os.environ.get("RAY_AUTH_MODE") and not os.environ.get("RAY_AUTH_TOKEN") and not os.environ.get("RAY_ADDRESS"):
+        # token auth without writing ~/.ray: the token lives in this process tree's environment
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(24)
+
+
+@dataclass
+class RayHandle:
+    actor: Any
+    rank: int
+
+
+class RayCall(PendingCall):
+    __slots__ = ("ref",)
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def done(self) -> bool:
+        import ray
+
+        ready, _ = ray.wait([self.ref], timeout=0, fetch_local=False)
+        return bool(ready)
+
+
+def _ray_node_order(nodes: list[dict]) -> list[dict]:
+    """Head node first, then by address and id: the same order in every process."""
+    alive = [n for n in nodes if n.get("Alive")]
+    return sorted(
+        alive,
+        key=lambda n: ("node:__internal_head__" not in n.get("Resources", {}), n["NodeManagerAddress"], n["NodeID"]),
+    )
+
+
+class RaySession(LauncherSession):
+    def __init__(self, owns_cluster: bool):
+        import ray
+
+        from .registry import get_or_create_registry, get_registry
+
+        self._ray = ray
+        self._owns_cluster = owns_cluster
+        self._registry = get_or_create_registry() if owns_cluster or not self._in_worker() else get_registry()
+        self._groups: dict[str, Any] = {}  # group name -> placement group, for groups launched here
+        self._actors: dict[int, Any] = {}
+        self._nodes_cache: Optional[list[NodeInfo]] = None
+
+    @staticmethod
+    def _in_worker() -> bool:
+        from rlinf.scheduler import context
+
+        return context.current() is not None
+
+    # -- nodes ------------------------------------------------------------------
+    @property
+    def nodes(self) -> list[NodeInfo]:
+        if self._nodes_cache is None:
+            ordered = _ray_node_order(self._ray.nodes())
+            self._nodes_cache = [
+                NodeInfo(
+                    node_rank=i,
+                    ip=n["NodeManagerAddress"],
+                    num_gpus=int(n.get("Resources", {}).get("GPU", 0)),
+                    node_id=n["NodeID"],
+                    hostname=n.get("NodeManagerHostname", ""),
+                )
+                for i, n in enumerate(ordered)
+            ]
+        return self._nodes_cache
+
+    def refresh_nodes(self) -> None:
+        self._nodes_cache = None
+
+    # -- registry -----------------------------------------------------------------
+    def reserve_group(self, name: str) -> None:
+        if not self._ray.get(self._registry.reserve.remote(name)):
+            raise GroupNameError(f"group name {name!r} is taken")
+
+    def register_group(self, record: GroupRecord) -> None:
+        self._ray.get(self._registry.register.remote(record))
+
+    def release_group(self, name: str) -> None:
+        try:
+            self._ray.get(self._registry.release.remote(name), timeout=30)
+        except Exception:
+            pass  # the registry dies with the driver; nothing left to release
+
+    def lookup_group(self, name: str) -> Optional[GroupRecord]:
+        return self._ray.get(self._registry.lookup.remote(name))
+
+    def list_groups(self) -> list[str]:
+        return self._ray.get(self._registry.names.remote())
+
+    # -- workers --------------------------------------------------------------------
+    def start_workers(self, specs, payload, timeout):
+        ray = self._ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from .actor import RemoteWorkerActor
+
+        bundles, selectors = [], []
+        for spec in specs:
+            bundle = {"CPU": WORKER_CPU}
+            if spec.placement.local_gpu_ids:
+                bundle["GPU"] = len(spec.placement.local_gpu_ids)
+            bundles.append(bundle)
+            selectors.append({NODE_LABEL: spec.node.node_id})
+        group = specs[0].group_key
+        pg = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
+        actors = []
+        try:
+            ready, _ = ray.wait([pg.ready()], timeout=timeout)
+            if not ready:
+                raise LaunchError(
+                    f"the cluster could not reserve resources {bundles} on nodes "
+                    f"{[s.node.node_rank for s in specs]} within {timeout:.0f} s",
+                    group=group,
+                )
+            for i, spec in enumerate(specs):
+                actors.append(
+                    RemoteWorkerActor.options(
+                        num_cpus=WORKER_CPU,
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                    ).remote()
+                )
+            port_ref = actors[0].reserve_master_port.remote()
+            refs = [a.construct.remote(spec, payload, port_ref) for a, spec in zip(actors, specs)]
+            records = self._collect_launch(refs, specs, timeout)
+        except BaseException:
+            for a in actors:
+                ray.kill(a, no_restart=True)
+            remove_placement_group(pg)
+            raise
+        self._groups[group] = pg
+        return [(RayHandle(a, s.placement.rank), r) for a, s, r in zip(actors, specs, records)]
+
+    def _collect_launch(self, refs, specs, timeout):
+        ray = self._ray
+        deadline = time.monotonic() + timeout
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                ranks = [specs[refs.index(r)].placement.rank for r in pending]
+                raise LaunchError(f"workers did not start within {timeout:.0f} s (ranks {ranks})", group=specs[0].group_key)
+            for ref in ready:
+                spec = specs[refs.index(ref)]
+                try:
+                    ray.get(ref)
+                except Exception as exc:
+                    raise self._launch_error(exc, spec) from None
+        return ray.get(refs)
+
+    def _launch_error(self, exc, spec) -> WorkerError:
+        from ray.exceptions import RayTaskError
+
+        cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else None
+        if isinstance(cause, WorkerError):
+            return cause
+        return LaunchError(
+            f"the worker process failed to start: {type(exc).__name__}: {exc}",
+            group=spec.group_key,
+            rank=spec.placement.rank,
+            node=spec.placement.node_rank,
+            node_ip=spec.node.ip,
+            method="__init__",
+        )
+
+    def submit(self, handle, method, args, kwargs):
+        return RayCall(handle.actor.execute.remote(method, args, kwargs))
+
+    def collect(self, calls: Sequence[RayCall], timeout: Optional[float]):
+        ray = self._ray
+        refs = [c.ref for c in calls]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        outcomes: dict[int, Any] = {}
+        index = {r: i for i, r in enumerate(refs)}
+        pending = refs
+        grace_end = None
+        while pending:
+            now = time.monotonic()
+            limit = deadline
+            if grace_end is not None:
+                limit = grace_end if limit is None else min(limit, grace_end)
+            wait_for = None if limit is None else max(0.0, limit - now)
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=min(wait_for, 1.0) if wait_for is not None else 1.0)
+            for ref, outcome in zip(ready, self._fetch(ready)):
+                outcomes[index[ref]] = outcome
+                if grace_end is None and not (isinstance(outcome, CallOutcome) and outcome.ok):
+                    grace_end = time.monotonic() + float(os.environ.get(ERROR_GRACE_ENV, "2.0"))
+            if not pending:
+                break
+            now = time.monotonic()
+            if grace_end is not None and now >= grace_end:
+                break
+            if deadline is not None and now >= deadline:
+                raise TimeoutError("calls did not finish in time")
+        return [outcomes.get(i, _STILL_RUNNING) for i in range(len(refs))]
+
+    def _fetch(self, refs) -> list:
+        """Values of ready refs; a dead actor or a failed task becomes its reason."""
+        ray = self._ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        try:
+            return ray.get(refs)
+        except (RayActorError, RayTaskError):
+            pass
+        out = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref))
+            except RayActorError as exc:
+                out.append(_death_reason(exc))
+            except RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                out.append(cause if isinstance(cause, BaseException) else RuntimeError(str(exc)))
+        return out
+
+    async def collect_async(self, calls):
+        import asyncio
+
+        await asyncio.wait([asyncio.ensure_future(_as_future(c.ref)) for c in calls], return_when=asyncio.FIRST_EXCEPTION)
+        return await asyncio.get_running_loop().run_in_executor(None, self.collect, calls, None)
+
+    def stop_workers(self, handles):
+        for h in handles:
+            try:
+                self._ray.kill(h.actor, no_restart=True)
+            except Exception:
+                pass
+
+    def shutdown(self):
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self._groups.values():
+            try:
+                remove_placement_group(pg)
+            except Exception:
+                pass
+        self._groups.clear()
+        if self._owns_cluster and self._ray.is_initialized():
+            self._ray.shutdown()
+
+
+async def _as_future(ref):
+    try:
+        await ref
+    except Exception:
+        pass
+
+
+#: outcome of a rank still running when another rank's failure is reported
+_STILL_RUNNING = CallOutcome(True, None, {})
+
+
+def _death_reason(exc) -> str:
+    text = str(exc).strip().splitlines()
+    detail = next((line.strip() for line in text if "died" in line.lower() or "killed" in line.lower()), "")
+    return f"{type(exc).__name__}{': ' + detail if detail else ''}"
+
+
+class RayLauncher(Launcher):
+    name = "ray"
+
+    def connect(self, num_nodes: int, **options) -> RaySession:
+        _prepare_environment()
+        import ray
+
+        if ray.is_initialized():
+            return RaySession(owns_cluster=False)
+        address = options.pop("address", None) or os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, log_to_driver=options.pop("log_to_driver", True), **options)
+            return RaySession(owns_cluster=False)
+        temp_dir = options.pop("temp_dir", None) or os.environ.get("RLINF_RAY_TEMP_DIR") or os.path.join(
+            tempfile.gettempdir(), "rlinf-ray"
+        )
+        ray.init(
+            address="local",
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            _temp_dir=temp_dir,
+            log_to_driver=options.pop("log_to_driver", True),
+            **options,
+        )
+        return RaySession(owns_cluster=True)
+
+    def attach(self) -> RaySession:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address="auto")
+        return RaySession(owns_cluster=False)
