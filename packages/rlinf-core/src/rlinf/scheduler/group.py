@@ -17,6 +17,7 @@ from .cluster import Cluster, current_session
 from .errors import GroupNameError, LaunchError, WorkerDiedError, WorkerError
 from .launcher import CallOutcome, GroupRecord, LauncherSession, WorkerRecord, WorkerSpec
 from .placement import PlacementStrategy, default_placement
+from .plugins import get_registry
 from .serialization import dumps_worker_payload
 from .timing import reduce_durations
 
@@ -195,6 +196,7 @@ class WorkerGroup:
             ) from None
         nodes = {n.node_rank: n for n in cluster.nodes}
         master_addr = nodes[placements[0].node_rank].ip
+        plugin_sources = get_registry().sources_json()
         specs = []
         for p in placements:
             env = {
@@ -204,10 +206,14 @@ class WorkerGroup:
                 "WORLD_SIZE": str(len(placements)),
                 "LOCAL_WORLD_SIZE": str(p.local_world_size),
                 "NODE_RANK": str(p.node_rank),
+                config.PLUGIN_SOURCES_ENV: plugin_sources,
             }
             if p.local_gpu_ids:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.local_gpu_ids))
-            specs.append(WorkerSpec(key, base.get_child_address(p.rank), len(placements), p, nodes[p.node_rank], env))
+            specs.append(
+                WorkerSpec(key, base.get_child_address(p.rank), len(placements), p, nodes[p.node_rank], env,
+                           self._cls.__name__, tuple(sorted(self._methods)))
+            )
         try:
             started = session.start_workers(specs, payload, timeout or config.launch_timeout())
             self._handles = [h for h, _ in started]

@@ -22,7 +22,7 @@ from . import context, timing
 from .errors import CommunicationError, LaunchError, WorkerMethodError
 from .info import WorkerInfo
 from .launcher import CallOutcome, WorkerRecord, WorkerSpec
-from .serialization import loads
+from .serialization import loads_worker_payload
 
 
 def reserve_port(host: str = "") -> tuple[socket.socket, int]:
@@ -102,7 +102,7 @@ class WorkerHost:
         )
         context.set_current(self._ctx)
         try:
-            cls, args, kwargs = loads(payload)
+            cls, args, kwargs = loads_worker_payload(payload)
         except BaseException as exc:
             raise LaunchError(
                 f"cannot load the worker class here: {type(exc).__name__}: {exc} "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 from .address import WorkerAddress
 from .info import WorkerInfo
@@ -29,6 +29,8 @@ class WorkerSpec:
     placement: WorkerPlacement
     node: NodeInfo
     env: dict[str, str]
+    class_name: str = ""
+    methods: tuple = ()  # public methods of the worker class, for launchers that declare them
 
 
 @dataclass
@@ -47,9 +49,11 @@ class GroupRecord:
     launcher: str = ""
 
 
-@dataclass
-class CallOutcome:
-    """What one rank returned for one call: a value or an error, plus that call's timings."""
+class CallOutcome(NamedTuple):
+    """What one rank returned for one call: a value or an error, plus that call's timings.
+
+    A tuple, so that it costs launchers next to nothing to carry.
+    """
 
     ok: bool
     value: Any

@@ -14,6 +14,8 @@ import sys
 import sysconfig
 import threading
 
+import types
+
 import cloudpickle
 
 _installed_roots = tuple(
@@ -50,9 +52,37 @@ def class_modules(cls: type) -> list[str]:
     return [c.__module__ for c in cls.__mro__ if c.__module__ not in ("builtins",) and not c.__module__.startswith("rlinf.")]
 
 
+def _functions(cls: type):
+    """(owner class, attribute name, function) for the plain functions a class defines."""
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("rlinf.") or klass.__module__ == "builtins":
+            continue
+        for name, attr in vars(klass).items():
+            fn = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
+            fn = getattr(fn, "__wrapped__", fn)
+            if isinstance(fn, types.FunctionType):
+                yield klass, name, fn
+
+
+def _with_filename(code: types.CodeType, filename: str) -> types.CodeType:
+    consts = tuple(_with_filename(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
 def dumps_worker_payload(cls: type, args: tuple, kwargs: dict) -> bytes:
-    return dumps_by_value_where_needed((cls, args, kwargs), *class_modules(cls))
+    """Pickle the class and its arguments, plus the source file of each method.
+
+    cloudpickle drops the file names of code it pickles by value; the worker
+    puts them back so that remote tracebacks point at the user's source.
+    """
+    filenames = {f"{k.__qualname__}.{n}": fn.__code__.co_filename for k, n, fn in _functions(cls)}
+    return dumps_by_value_where_needed((cls, args, kwargs, filenames), *class_modules(cls))
 
 
-def loads(data: bytes):
-    return cloudpickle.loads(data)
+def loads_worker_payload(data: bytes):
+    cls, args, kwargs, filenames = cloudpickle.loads(data)
+    for klass, name, fn in _functions(cls):
+        filename = filenames.get(f"{klass.__qualname__}.{name}")
+        if filename and fn.__code__.co_filename != filename:
+            fn.__code__ = _with_filename(fn.__code__, filename)
+    return cls, args, kwargs

@@ -26,6 +26,8 @@ ERROR_GRACE_ENV = "RLINF_ERROR_GRACE"
 #: fraction of a CPU each worker's bundle reserves (workers mostly wait)
 WORKER_CPU = 0.01
 NODE_LABEL = "ray.io/node-id"
+#: seconds per blocking wait slice while collecting results
+_SLICE = 1.0
 
 
 def _prepare_environment() -> None:
@@ -130,7 +132,7 @@ class RaySession(LauncherSession):
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from .actor import RemoteWorkerActor
+        from .actor import actor_class
 
         bundles, selectors = [], []
         for spec in specs:
@@ -150,15 +152,16 @@ class RaySession(LauncherSession):
                     f"{[s.node.node_rank for s in specs]} within {timeout:.0f} s",
                     group=group,
                 )
+            remote_cls = actor_class(specs[0].class_name, specs[0].methods)
             for i, spec in enumerate(specs):
                 actors.append(
-                    RemoteWorkerActor.options(
+                    remote_cls.options(
                         num_cpus=WORKER_CPU,
                         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
                     ).remote()
                 )
-            port_ref = actors[0].reserve_master_port.remote()
-            refs = [a.construct.remote(spec, payload, port_ref) for a, spec in zip(actors, specs)]
+            port_ref = actors[0]._rlinf_reserve_master_port.remote()
+            refs = [a._rlinf_construct.remote(spec, payload, port_ref) for a, spec in zip(actors, specs)]
             records = self._collect_launch(refs, specs, timeout)
         except BaseException:
             for a in actors:
@@ -201,33 +204,44 @@ class RaySession(LauncherSession):
         )
 
     def submit(self, handle, method, args, kwargs):
-        return RayCall(handle.actor.execute.remote(method, args, kwargs))
+        forward = getattr(handle.actor, method, None)
+        if forward is None:  # not a declared method: the generic entry
+            return RayCall(handle.actor._rlinf_execute.remote(method, args, kwargs))
+        return RayCall(forward.remote(*args, **kwargs))
 
     def collect(self, calls: Sequence[RayCall], timeout: Optional[float]):
         ray = self._ray
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
         refs = [c.ref for c in calls]
-        deadline = None if timeout is None else time.monotonic() + timeout
+        # fast path: everything finishes within the first slice and succeeds
+        try:
+            values = ray.get(refs, timeout=_SLICE if timeout is None else min(_SLICE, timeout))
+            if all(type(v) is CallOutcome and v.ok for v in values):
+                return values
+        except (GetTimeoutError, RayActorError, RayTaskError):
+            pass
+        return self._collect_slow(refs, None if timeout is None else time.monotonic() + timeout)
+
+    def _collect_slow(self, refs, deadline):
+        """Wait in slices; once a rank fails, give the others a short grace period, then report."""
+        ray = self._ray
         outcomes: dict[int, Any] = {}
         index = {r: i for i, r in enumerate(refs)}
         pending = refs
         grace_end = None
         while pending:
-            now = time.monotonic()
-            limit = deadline
-            if grace_end is not None:
-                limit = grace_end if limit is None else min(limit, grace_end)
-            wait_for = None if limit is None else max(0.0, limit - now)
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=min(wait_for, 1.0) if wait_for is not None else 1.0)
+            limits = [t for t in (deadline, grace_end) if t is not None]
+            wait_for = _SLICE if not limits else max(0.0, min(min(limits) - time.monotonic(), _SLICE))
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=wait_for)
             for ref, outcome in zip(ready, self._fetch(ready)):
                 outcomes[index[ref]] = outcome
-                if grace_end is None and not (isinstance(outcome, CallOutcome) and outcome.ok):
+                if grace_end is None and not (type(outcome) is CallOutcome and outcome.ok):
                     grace_end = time.monotonic() + float(os.environ.get(ERROR_GRACE_ENV, "2.0"))
-            if not pending:
-                break
             now = time.monotonic()
-            if grace_end is not None and now >= grace_end:
+            if pending and grace_end is not None and now >= grace_end:
                 break
-            if deadline is not None and now >= deadline:
+            if pending and deadline is not None and now >= deadline:
                 raise TimeoutError("calls did not finish in time")
         return [outcomes.get(i, _STILL_RUNNING) for i in range(len(refs))]
 

@@ -25,7 +25,6 @@ from .. import config, context
 from ..address import WorkerAddress
 from ..errors import CommTimeoutError, CommunicationError, PeerDiedError
 from ..plugins import get_registry
-from . import codec
 from .async_work import AsyncWork
 from .ordering import SerialRunner, Turnstile
 from .transport import Link, Transport
@@ -228,6 +227,8 @@ class Communicator:
         return guarded()
 
     def send_object(self, obj: Any, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
+        from . import codec
+
         transport = self.transport_name(transport)
         try:
             header, buffers = codec.encode(obj)
@@ -247,6 +248,8 @@ class Communicator:
         return result
 
     def recv_object(self, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
+        from . import codec
+
         transport = self.transport_name(transport)
         pair = self._pair(self._in, peer.get_name())
 
@@ -270,6 +273,8 @@ class Communicator:
         return self._run(pair, op, async_op, "receiving from", peer, timeout)
 
     def send_tensor(self, tensor, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
+        from . import codec
+
         transport = self.transport_name(transport)
         fingerprint = tensor_fingerprint(tensor)
         payload = codec.tensor_bytes(tensor)
@@ -282,6 +287,8 @@ class Communicator:
         return self._run(pair, op, async_op, "sending a tensor to", peer, timeout)
 
     def recv_tensor(self, tensor, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
+        from . import codec
+
         transport = self.transport_name(transport)
         expected = tensor_fingerprint(tensor)
         got = bytearray(_FINGERPRINT.size)

@@ -26,9 +26,6 @@ import time
 import uuid
 from typing import Callable, Optional, Sequence
 
-import numpy as np
-
-from .shm import DATA_OFFSET, ReceiverCache, SenderPool
 from .transport import Link, Transport
 
 LOCAL_ENV = "RLINF_CPU_LOCAL"
@@ -78,8 +75,11 @@ class SocketLink(Link):
         self.local = local
         self.zero_copy = local
         self._shm_min = int(os.environ.get(SHM_MIN_ENV, str(1 << 16)))
-        self._pool = SenderPool() if local else None
-        self._cache = ReceiverCache() if local else None
+        self._pool = self._cache = None
+        if local:  # numpy and the segment code load only where shared memory is used
+            from .shm import ReceiverCache, SenderPool
+
+            self._pool, self._cache = SenderPool(), ReceiverCache()
         self._rbuf = bytearray(_CHUNK)
         self._rstart = 0
         self._rend = 0
@@ -96,6 +96,10 @@ class SocketLink(Link):
         big = [v for v in views if v.nbytes >= self._shm_min] if self.local else []
         seg = None
         if big:
+            import numpy as np
+
+            from .shm import DATA_OFFSET
+
             total = sum(-(-v.nbytes // _ALIGN) * _ALIGN for v in big)
             seg, created = self._pool.acquire(total)
             if created:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
+import json
 import os
 import threading
 import traceback
@@ -93,6 +94,11 @@ class PluginRegistry:
 
     # -- loading ----------------------------------------------------------
     def _load(self) -> None:
+        pinned = os.environ.get(config.PLUGIN_SOURCES_ENV)
+        if pinned:  # a worker process: load what the driver loaded, without scanning metadata
+            for entry_point, module, dist, version in json.loads(pinned):
+                self._load_one(PluginSource(entry_point, module, dist, version))
+            return
         candidates = []
         for ep in _entry_points():
             dist = getattr(ep, "dist", None)
@@ -168,6 +174,10 @@ class PluginRegistry:
             existing.conflicts.append(source)
             return
         table[descriptor.name] = Provided(kind, descriptor, source)
+
+    def sources_json(self) -> str:
+        """The plugins that loaded here, for ``RLINF_PLUGIN_SOURCES`` in worker processes."""
+        return json.dumps([[s.entry_point, s.module, s.distribution, s.version] for s in self.sources if not s.error])
 
     # -- queries ----------------------------------------------------------
     def failures(self) -> list[PluginSource]:

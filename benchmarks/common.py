@@ -1,0 +1,77 @@
+"""Shared helpers for benchmarks: environment, tables, plots.
+
+Every benchmark compares against a raw baseline measured in the same run and
+reports the ratio, because absolute times drift between runs and machines.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable, Sequence
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def median_time(fn: Callable[[], None], repeat: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    cells = [list(map(str, header))] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(cells[0], widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells[1:]]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        if value == 0 or abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def save_bar_plot(name: str, title: str, labels: Sequence[str], series: dict, ylabel: str, log: bool = False) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(RESULTS, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(labels) * len(series) / 2 + 3), 4))
+    width = 0.8 / max(1, len(series))
+    for i, (label, values) in enumerate(series.items()):
+        xs = [x + i * width for x in range(len(labels))]
+        ax.bar(xs, values, width=width, label=label)
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(labels))])
+    ax.set_xticklabels(labels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if log:
+        ax.set_yscale("log")
+    ax.legend()
+    fig.tight_layout()
+    path = os.path.join(RESULTS, f"{name}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot written to {path}")
+    return path

@@ -1,0 +1,44 @@
+"""Shared fixtures: one real local Ray cluster per test session, on loopback.
+
+Ray keeps its files under the session's temp dir (never ``$HOME``); token
+authentication stays on, with the token in the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    from rlinf.scheduler import Cluster
+
+    temp_dir = tmp_path_factory.mktemp("ray")
+    c = Cluster(num_nodes=1, launcher="ray", temp_dir=str(temp_dir), num_cpus=2, log_to_driver=False)
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture
+def launch(cluster):
+    """Launch groups that are stopped when the test ends."""
+    groups = []
+
+    def _launch(worker_cls, *args, placement=None, name=None, **kwargs):
+        name = name or f"{worker_cls.__name__}_{uuid.uuid4().hex[:6]}"
+        group = worker_cls.create_group(*args, **kwargs).launch(cluster=cluster, placement_strategy=placement, name=name)
+        groups.append(group)
+        return group
+
+    yield _launch
+    for g in reversed(groups):
+        g.stop()

@@ -1,0 +1,156 @@
+"""Failures say who failed, where and why; bad input fails before anything starts."""
+
+import os
+import signal
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rlinf.scheduler import (
+    GroupNameError,
+    LaunchError,
+    NodePlacementStrategy,
+    PackedPlacementStrategy,
+    PlacementError,
+    Worker,
+    WorkerDiedError,
+    WorkerMethodError,
+)
+
+
+class Faulty(Worker):
+    def __init__(self):
+        super().__init__()
+
+    def fail_on(self, rank):
+        if self._rank == rank:
+            raise ValueError(f"bad value on rank {self._rank}")
+        return self._rank
+
+    def pid(self):
+        return os.getpid()
+
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return self._rank
+
+    def _hidden(self):
+        return 1
+
+
+def test_method_error_names_group_rank_node_method_with_traceback(launch):
+    group = launch(Faulty, placement=NodePlacementStrategy([0, 0, 0]), name="faulty")
+    with pytest.raises(WorkerMethodError) as info:
+        group.fail_on(1).wait()
+    err = info.value
+    assert (err.group, err.rank, err.node, err.method) == ("faulty", 1, 0, "fail_on")
+    text = str(err)
+    assert "group 'faulty'" in text and "rank 1" in text and "node 0" in text and "'fail_on'" in text
+    assert "bad value on rank 1" in text and 'raise ValueError(f"bad value' in err.remote_traceback
+    assert isinstance(err.__cause__, ValueError)
+    # the driver and the group are fine afterwards
+    assert group.fail_on(99).wait() == [0, 1, 2]
+
+
+def test_killed_worker_raises_within_seconds(launch):
+    group = launch(Faulty, placement=NodePlacementStrategy([0, 0]), name="killed")
+    pids = group.pid().wait()
+    handle = group.sleep(30)
+    time.sleep(0.5)
+    os.kill(pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError) as info:
+        handle.wait(timeout=25)
+    assert time.monotonic() - start < 10
+    assert info.value.rank == 1 and info.value.group == "killed" and info.value.method == "sleep"
+    assert "rank 1" in str(info.value)
+
+
+def test_wait_timeout_names_the_running_ranks(launch):
+    group = launch(Faulty, placement=NodePlacementStrategy([0]), name="slow")
+    with pytest.raises(TimeoutError, match=r"'sleep' on group 'slow'.*ranks still running: \[0\]"):
+        group.sleep(3).wait(timeout=0.5)
+
+
+def test_duplicate_group_name(cluster, launch):
+    launch(Faulty, name="dup")
+    with pytest.raises(GroupNameError, match="pass name="):
+        Faulty.create_group().launch(cluster, name="dup")
+    other = launch(Faulty, name="dup2")  # a free name still works
+    assert other.pid().wait()
+
+
+def test_name_is_free_again_after_stop(cluster):
+    g = Faulty.create_group().launch(cluster, name="reuse")
+    g.stop()
+    g2 = Faulty.create_group().launch(cluster, name="reuse")
+    try:
+        assert g2.fail_on(5).wait() == [0]
+    finally:
+        g2.stop()
+
+
+def test_private_and_unknown_methods(launch):
+    group = launch(Faulty)
+    with pytest.raises(AttributeError, match="private"):
+        group._hidden()
+    with pytest.raises(AttributeError, match="no public method 'nope'"):
+        group.nope()
+
+
+def test_execute_on_out_of_range(launch):
+    group = launch(Faulty, placement=NodePlacementStrategy([0, 0]))
+    with pytest.raises(ValueError, match="rank 2 is out of range"):
+        group.execute_on(0, 2)
+    with pytest.raises(ValueError):
+        group.execute_on(-1)
+    assert group.fail_on(9).wait() == [0, 1]  # nothing was selected by the failed call
+
+
+def test_placement_beyond_the_cluster_starts_nothing(cluster):
+    session = cluster.session
+    with pytest.raises(PlacementError, match="node 3"):
+        Faulty.create_group().launch(cluster, placement_strategy=NodePlacementStrategy([0, 3]), name="toolarge")
+    with pytest.raises(PlacementError, match="accelerator"):
+        Faulty.create_group().launch(cluster, placement_strategy=PackedPlacementStrategy(0, 1), name="toolarge")
+    assert "toolarge" not in session.list_groups()
+
+
+def test_constructor_error_is_a_launch_error(cluster):
+    class BadInit(Worker):
+        def __init__(self):
+            super().__init__()
+            raise RuntimeError("cannot build")
+
+    with pytest.raises(LaunchError, match="cannot build") as info:
+        BadInit.create_group().launch(cluster, placement_strategy=NodePlacementStrategy([0, 0]), name="badinit")
+    assert info.value.method == "__init__" and "RuntimeError" in str(info.value)
+    assert "badinit" not in cluster.session.list_groups()
+
+
+def test_worker_that_cannot_import_its_module_fails_at_launch(cluster, tmp_path, monkeypatch):
+    (tmp_path / "only_on_driver.py").write_text(textwrap.dedent("""
+        VALUE = 42
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import only_on_driver
+
+    class NeedsModule(Worker):
+        def __init__(self):
+            super().__init__()
+            self.module = only_on_driver
+
+    with pytest.raises(LaunchError, match="only_on_driver") as info:
+        NeedsModule.create_group().launch(cluster, name="needsmodule", timeout=60)
+    assert "ModuleNotFoundError" in str(info.value)
+    sys.modules.pop("only_on_driver", None)
+
+
+def test_unpicklable_constructor_argument_is_refused_before_launch(cluster):
+    import threading
+
+    with pytest.raises(TypeError, match="cannot send worker class"):
+        Faulty.create_group(threading.Lock()).launch(cluster, name="unpicklable")
+    assert "unpicklable" not in cluster.session.list_groups()
