@@ -16,6 +16,7 @@ import pickle
 import sys
 from typing import Any, Callable, Optional
 
+import cloudpickle
 import numpy as np
 
 #: devices a tensor may be rebuilt on when the receiver has it; otherwise it stays on CPU
@@ -66,7 +67,10 @@ def tensor_bytes(tensor) -> memoryview:
         return memoryview(flat.numpy()).cast("B")
 
 
-class _Pickler(pickle.Pickler):
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, so that classes defined in ``__main__`` or a test module (which
+    exist by value in worker processes) can travel too; tensors go out of band."""
+
     def __init__(self, file, buffers: list, device_hook: Optional[Callable]):
         super().__init__(file, protocol=5, buffer_callback=buffers.append)
         self._device_hook = device_hook
@@ -78,7 +82,7 @@ class _Pickler(pickle.Pickler):
         if type(obj) is np.ndarray and obj.dtype.hasobject is False:
             arr = np.ascontiguousarray(obj)
             return _rebuild_ndarray, (arr.dtype.str, arr.shape, pickle.PickleBuffer(arr.reshape(-1).view(np.uint8)))
-        return NotImplemented
+        return super().reducer_override(obj)
 
     def _reduce_tensor(self, tensor, torch):
         if tensor.is_sparse or tensor.layout != torch.strided:
