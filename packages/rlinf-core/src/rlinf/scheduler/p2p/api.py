@@ -12,12 +12,25 @@ from .communicator import local_communicator
 from .options import CollectiveGroupOptions
 
 
+_peers: dict = {}
+
+
+def _peer(group_name, rank):
+    key = (group_name, rank if isinstance(rank, int) else tuple(rank) if isinstance(rank, (list, tuple)) else rank)
+    peer = _peers.get(key)
+    if peer is None:
+        if not isinstance(group_name, str):
+            raise TypeError(f"a group name must be a str, got {group_name!r}")
+        peer = resolve_address(group_name, rank)
+        if len(_peers) < 4096:
+            _peers[key] = peer
+    return peer
+
+
 def _setup(group_name, rank, options, timeout):
     if options is not None and not isinstance(options, CollectiveGroupOptions):
         raise TypeError(f"options must be a CollectiveGroupOptions, got {type(options).__name__}")
-    if not isinstance(group_name, str):
-        raise TypeError(f"a group name must be a str, got {group_name!r}")
-    peer = resolve_address(group_name, rank)
+    peer = _peer(group_name, rank)
     if timeout is None and options is not None:
         timeout = options.timeout
     return (

@@ -77,6 +77,7 @@ class Communicator:
         self._in: dict[str, _Pair] = {}
         self._cond = threading.Condition()
         self._groups: dict[str, Any] = {}
+        self._transport_names: dict = {}
         registry = get_registry()
         for entry in registry.provided["transport"].values():
             if "cpu" not in entry.descriptor.devices or entry.unusable_reason():
@@ -121,12 +122,22 @@ class Communicator:
             return f"worker {peer.get_name()!r}"
 
     def transport_name(self, requested: Optional[str]) -> str:
+        key = (requested, os.environ.get(config.TRANSPORT_ENV))
+        name = self._transport_names.get(key)
+        if name is None:
+            name = self._transport_names[key] = self._resolve_transport(requested)
+        return name
+
+    def _resolve_transport(self, requested: Optional[str]) -> str:
         entry = get_registry().transport(requested, "cpu")
         if entry.name not in self._transports:
             raise CommunicationError(f"{self.name}: transport {entry.name!r} is not listening in this process")
         return entry.name
 
     def _pair(self, table: dict, peer: str) -> _Pair:
+        pair = table.get(peer)
+        if pair is not None:
+            return pair
         with self._cond:
             pair = table.get(peer)
             if pair is None:
@@ -177,6 +188,8 @@ class Communicator:
 
     def _incoming(self, peer: WorkerAddress, transport: str, deadline: Optional[float]) -> _Pair:
         pair = self._pair(self._in, peer.get_name())
+        if pair.link is not None and pair.transport == transport:
+            return pair
         record = self._lookup(peer)  # validates group and rank before waiting
         next_probe = time.monotonic() + PROBE_INTERVAL
         with self._cond:

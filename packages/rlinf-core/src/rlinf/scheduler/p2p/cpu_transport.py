@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import array
 import os
+import select
 import selectors
 import socket
 import struct
@@ -31,6 +32,8 @@ from .transport import Link, Transport
 LOCAL_ENV = "RLINF_CPU_LOCAL"
 #: buffers at least this large go through shared memory (same host only)
 SHM_MIN_ENV = "RLINF_CPU_SHM_MIN_BYTES"
+#: microseconds a receive spins before sleeping (0: never spin)
+SPIN_ENV = "RLINF_SPIN_US"
 
 _HEADER = struct.Struct("<BBHHH")
 _NEWSEG = struct.Struct("<IxxxxQ")
@@ -63,24 +66,39 @@ def _remaining(deadline: Optional[float]) -> Optional[float]:
     return left
 
 
-def _nbytes(buf) -> int:
-    return memoryview(buf).nbytes
+def _spin_seconds() -> float:
+    return max(0.0, float(os.environ.get(SPIN_ENV, "50"))) / 1e6
 
 
 class SocketLink(Link):
-    """One connected stream socket; shared memory when ``local``."""
+    """One connected stream socket; shared memory when ``local``.
+
+    The socket is non-blocking: a ready socket costs one system call, a
+    waiting one spins for at most ``RLINF_SPIN_US`` microseconds (a reply
+    often arrives within that, which saves a sleep and a wake-up) and then
+    sleeps in ``poll`` until the deadline.
+    """
 
     def __init__(self, sock: socket.socket, local: bool):
         self.sock = sock
         self.local = local
         self.zero_copy = local
+        sock.setblocking(False)
+        self._fd = sock.fileno()
+        self._poll_in = select.poll()
+        self._poll_in.register(self._fd, select.POLLIN)
+        self._poll_out = select.poll()
+        self._poll_out.register(self._fd, select.POLLOUT)
+        self._spin = _spin_seconds()
         self._shm_min = int(os.environ.get(SHM_MIN_ENV, str(1 << 16)))
         self._pool = self._cache = None
         if local:  # numpy and the segment code load only where shared memory is used
             from .shm import ReceiverCache, SenderPool
 
             self._pool, self._cache = SenderPool(), ReceiverCache()
+        self._ancsize = socket.CMSG_SPACE(_MAX_FDS * 4) if local else 0
         self._rbuf = bytearray(_CHUNK)
+        self._rview = memoryview(self._rbuf)
         self._rstart = 0
         self._rend = 0
         self._fds: list[int] = []
@@ -88,19 +106,40 @@ class SocketLink(Link):
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
 
+    # -- waiting ------------------------------------------------------------------
+    def _wait(self, poller, deadline: Optional[float], spun: list) -> None:
+        """Called after EAGAIN: spin once per operation, then sleep in poll until the deadline."""
+        if not spun[0]:
+            spun[0] = True
+            if self._spin:
+                end = time.perf_counter() + self._spin
+                while time.perf_counter() < end:
+                    if poller.poll(0):
+                        return
+        left = _remaining(deadline)
+        if not poller.poll(-1 if left is None else max(1, int(left * 1000))):
+            _remaining(deadline)  # raises once past the deadline
+            if deadline is not None and deadline - time.monotonic() <= 0:
+                raise TimeoutError("deadline passed")
+
     # -- sending ------------------------------------------------------------
     def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
         self._check()
-        views = [memoryview(f).cast("B") if memoryview(f).format != "B" or memoryview(f).ndim != 1 else memoryview(f) for f in frames]
+        views = []
+        for f in frames:
+            v = f if isinstance(f, memoryview) else memoryview(f)
+            if v.ndim != 1 or v.format != "B":
+                v = v.cast("B")
+            views.append(v)
         descs, inline, fds, newsegs, drops = [], [], [], [], []
-        big = [v for v in views if v.nbytes >= self._shm_min] if self.local else []
+        shm_min = self._shm_min
         seg = None
-        if big:
+        if self.local and any(v.nbytes >= shm_min for v in views):
             import numpy as np
 
-            from .shm import DATA_OFFSET
+            from .shm import DATA_OFFSET, parallel_copy
 
-            total = sum(-(-v.nbytes // _ALIGN) * _ALIGN for v in big)
+            total = sum(-(-v.nbytes // _ALIGN) * _ALIGN for v in views if v.nbytes >= shm_min)
             seg, created = self._pool.acquire(total)
             if created:
                 newsegs.append(_NEWSEG.pack(seg.seg_id, seg.capacity))
@@ -108,13 +147,14 @@ class SocketLink(Link):
             drops = [_DROP.pack(i) for i in self._pool.take_dropped()]
         offset = 0
         for v in views:
-            if seg is not None and v.nbytes >= self._shm_min:
-                np.copyto(seg.view[DATA_OFFSET + offset : DATA_OFFSET + offset + v.nbytes], np.frombuffer(v, dtype=np.uint8))
-                descs.append(_FRAME.pack(SHM, seg.seg_id, offset, v.nbytes))
-                offset += -(-v.nbytes // _ALIGN) * _ALIGN
+            n = v.nbytes
+            if seg is not None and n >= shm_min:
+                parallel_copy(seg.view[DATA_OFFSET + offset : DATA_OFFSET + offset + n], np.frombuffer(v, dtype=np.uint8))
+                descs.append(_FRAME.pack(SHM, seg.seg_id, offset, n))
+                offset += -(-n // _ALIGN) * _ALIGN
             else:
-                descs.append(_FRAME.pack(INLINE, 0, 0, v.nbytes))
-                if v.nbytes:
+                descs.append(_FRAME.pack(INLINE, 0, 0, n))
+                if n:
                     inline.append(v)
         header = b"".join(
             [_HEADER.pack(KIND_DATA, FLAG_RAW if raw else 0, len(views), len(newsegs), len(drops)), *newsegs, *drops, *descs]
@@ -126,21 +166,25 @@ class SocketLink(Link):
                 self._broken = f"a send failed midway ({type(exc).__name__})"
                 raise
 
-    def _send_all(self, buffers: list, fds: list[int], deadline: Optional[float]) -> None:
+    def _send_all(self, pending: list, fds: list[int], deadline: Optional[float]) -> None:
         sock = self.sock
-        pending = [memoryview(b).cast("B") for b in buffers]
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        spun = [False]
         while pending:
-            sock.settimeout(_remaining(deadline))
-            sent = sock.sendmsg(pending[:512], anc)
+            try:
+                sent = sock.sendmsg(pending[:512], anc)
+            except (BlockingIOError, InterruptedError):
+                self._wait(self._poll_out, deadline, spun)
+                continue
             anc = []
             while sent and pending:
                 head = pending[0]
-                if sent >= head.nbytes:
-                    sent -= head.nbytes
+                size = memoryview(head).nbytes
+                if sent >= size:
+                    sent -= size
                     pending.pop(0)
                 else:
-                    pending[0] = head[sent:]
+                    pending[0] = memoryview(head).cast("B")[sent:]
                     sent = 0
 
     # -- receiving ------------------------------------------------------------
@@ -148,60 +192,73 @@ class SocketLink(Link):
         if self._broken:
             raise ConnectionError(f"the connection is unusable: {self._broken}")
 
+    def _eof(self, midway: bool):
+        self._broken = "the peer closed the connection"
+        where = " mid-message" if midway else ""
+        raise ConnectionError(f"the peer closed the connection{where} (its process may have died)")
+
     def _fill(self, deadline: Optional[float]) -> None:
         """Read more bytes into the buffer (compacting it first)."""
         if self._rstart:
             n = self._rend - self._rstart
             self._rbuf[:n] = self._rbuf[self._rstart : self._rend]
             self._rstart, self._rend = 0, n
-        if self._rend == len(self._rbuf):
-            self._rbuf.extend(bytes(len(self._rbuf)))
-        self.sock.settimeout(_remaining(deadline))
-        view = memoryview(self._rbuf)[self._rend :]
-        if self.local:
-            n, anc, _flags, _ = self.sock.recvmsg_into([view], socket.CMSG_SPACE(_MAX_FDS * 4))
-            for level, kind, data in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds = array.array("i")
-                    fds.frombytes(data[: len(data) - len(data) % 4])
-                    self._fds.extend(fds)
-        else:
-            n = self.sock.recv_into(view)
+        if self._rend == len(self._rbuf):  # grow into a new buffer: views of the old one stay valid
+            bigger = bytearray(2 * len(self._rbuf))
+            bigger[: self._rend] = self._rbuf[: self._rend]
+            self._rbuf, self._rview = bigger, memoryview(bigger)
+        view = self._rview[self._rend :]
+        spun = [False]
+        while True:
+            try:
+                if self.local:
+                    n, anc, _flags, _ = self.sock.recvmsg_into([view], self._ancsize)
+                    for level, kind, data in anc:
+                        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                            fds = array.array("i")
+                            fds.frombytes(data[: len(data) - len(data) % 4])
+                            self._fds.extend(fds)
+                else:
+                    n = self.sock.recv_into(view)
+                break
+            except (BlockingIOError, InterruptedError):
+                self._wait(self._poll_in, deadline, spun)
         if n == 0:
-            self._broken = "the peer closed the connection"
-            raise ConnectionError("the peer closed the connection (its process may have died)")
+            self._eof(False)
         self._rend += n
 
     def _take(self, n: int, deadline: Optional[float]) -> memoryview:
         while self._rend - self._rstart < n:
             self._fill(deadline)
-        view = memoryview(self._rbuf)[self._rstart : self._rstart + n]
+        view = self._rview[self._rstart : self._rstart + n]
         self._rstart += n
         return view
 
     def _read_into(self, target: memoryview, deadline: Optional[float]) -> None:
         have = min(self._rend - self._rstart, target.nbytes)
         if have:
-            target[:have] = self._rbuf[self._rstart : self._rstart + have]
+            target[:have] = self._rview[self._rstart : self._rstart + have]
             self._rstart += have
         pos = have
+        spun = [False]
         while pos < target.nbytes:
-            self.sock.settimeout(_remaining(deadline))
-            n = self.sock.recv_into(target[pos:])
+            try:
+                n = self.sock.recv_into(target[pos:])
+            except (BlockingIOError, InterruptedError):
+                self._wait(self._poll_in, deadline, spun)
+                continue
             if n == 0:
-                self._broken = "the peer closed the connection"
-                raise ConnectionError("the peer closed the connection mid-message (its process may have died)")
+                self._eof(True)
             pos += n
 
     def _read_message_head(self, deadline: Optional[float]):
         self._check()
         kind, flags, nframes, nnew, ndrop = _HEADER.unpack(self._take(_HEADER.size, deadline))
         # the message has started: finish it even if the deadline passes, or the stream is lost
-        rest = None
         if kind != KIND_DATA:
             self._broken = f"unexpected message kind {kind}"
             raise ConnectionError(self._broken)
-        body = bytes(self._take(nnew * _NEWSEG.size + ndrop * _DROP.size + nframes * _FRAME.size, rest))
+        body = self._take(nnew * _NEWSEG.size + ndrop * _DROP.size + nframes * _FRAME.size, None)
         pos = 0
         for _ in range(nnew):
             seg_id, capacity = _NEWSEG.unpack_from(body, pos)
@@ -230,10 +287,11 @@ class SocketLink(Link):
                 for where, seg_id, off, n in frames:
                     if where == SHM:
                         out.append(whole[off : off + n])
+                    elif n <= self._rend - self._rstart:  # already buffered: one copy
+                        out.append(bytearray(self._take(n, None)))
                     else:
                         buf = bytearray(n)
-                        if n:
-                            self._read_into(memoryview(buf), None)
+                        self._read_into(memoryview(buf), None)
                         out.append(buf)
                 return raw, out
             except BaseException as exc:

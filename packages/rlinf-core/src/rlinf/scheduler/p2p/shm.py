@@ -29,6 +29,35 @@ _STATE = struct.Struct("<Q")
 _ROUND = 1 << 20
 
 POOL_ENV = "RLINF_SHM_POOL_MB"
+#: copies at least this large are split across threads (numpy releases the GIL while copying)
+PARALLEL_COPY_MIN = 8 << 20
+_copy_pool = None
+_copy_pool_lock = threading.Lock()
+
+
+def _copy_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` for flat uint8 arrays, split over a few threads when large."""
+    global _copy_pool
+    n = src.nbytes
+    threads = _copy_threads()
+    if n < PARALLEL_COPY_MIN or threads == 1:
+        np.copyto(dst, src)
+        return
+    if _copy_pool is None:
+        with _copy_pool_lock:
+            if _copy_pool is None:
+                import concurrent.futures
+
+                _copy_pool = concurrent.futures.ThreadPoolExecutor(threads - 1, thread_name_prefix="rlinf-copy")
+    step = -(-n // threads)
+    futures = [_copy_pool.submit(np.copyto, dst[i * step : (i + 1) * step], src[i * step : (i + 1) * step]) for i in range(1, threads)]
+    np.copyto(dst[:step], src[:step])
+    for f in futures:
+        f.result()
 
 
 def _pool_limit() -> int:
@@ -160,7 +189,7 @@ class ReceiverCache:
     def copy_out(self, seg_id: int, offset: int, length: int, target) -> None:
         mm = self._maps[seg_id]
         src = np.frombuffer(mm, dtype=np.uint8, count=length, offset=DATA_OFFSET + offset)
-        np.copyto(np.frombuffer(target, dtype=np.uint8), src)
+        parallel_copy(np.frombuffer(target, dtype=np.uint8), src)
         del src
         _mark_free(mm)
 
