@@ -372,3 +372,20 @@ def test_peer_death_unblocks_recv(cluster, launch):
     os.kill(pids[2], signal.SIGKILL)
     kind, text, waited = r2.wait()[0]
     assert kind == "PeerDiedError" and "'dying:2'" in text and waited < 15
+
+
+def test_network_path_both_directions_large_sync_sends(cluster, launch):
+    """Over TCP, both workers send 64 MiB before receiving: read-ahead keeps this from deadlocking."""
+    g = launch(Peer, placement=NodePlacementStrategy([0, 0]), name="tcp_both")
+
+    def both(w):
+        os.environ["RLINF_CPU_LOCAL"] = "0"
+        name, other = w.worker_group_name, 1 - w._rank
+        w.send(torch.full((16 << 20,), float(w._rank)), name, other, timeout=60)
+        got = w.recv(name, other, timeout=60)
+        buf = torch.zeros(4)
+        w.send_tensor(torch.full((4,), 7.0), name, other)
+        w.recv_tensor(buf, name, other)
+        return float(got[0]), float(got.sum()) / got.numel(), buf.tolist()
+
+    assert g.run(__import__("p2p_helpers").ship(both)).wait() == [(1.0, 1.0, [7.0] * 4), (0.0, 0.0, [7.0] * 4)]

@@ -17,6 +17,7 @@ Wire format of one message::
 from __future__ import annotations
 
 import array
+import collections
 import os
 import select
 import selectors
@@ -105,6 +106,7 @@ class SocketLink(Link):
         self._broken: Optional[str] = None
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
+        self._ahead_cond: Optional[threading.Condition] = None
 
     # -- waiting ------------------------------------------------------------------
     def _wait(self, poller, deadline: Optional[float], spun: list) -> None:
@@ -117,10 +119,10 @@ class SocketLink(Link):
                     if poller.poll(0):
                         return
         left = _remaining(deadline)
-        if not poller.poll(-1 if left is None else max(1, int(left * 1000))):
+        # sleep in slices of at most a second, so a closed link is noticed
+        if not poller.poll(1000 if left is None else max(1, int(min(left, 1.0) * 1000))):
+            self._check()
             _remaining(deadline)  # raises once past the deadline
-            if deadline is not None and deadline - time.monotonic() <= 0:
-                raise TimeoutError("deadline passed")
 
     # -- sending ------------------------------------------------------------
     def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
@@ -273,7 +275,59 @@ class SocketLink(Link):
         frames = [_FRAME.unpack_from(body, pos + i * _FRAME.size) for i in range(nframes)]
         return bool(flags & FLAG_RAW), frames
 
+    # -- read-ahead (network links) ----------------------------------------------
+    def start_read_ahead(self, budget: int = 64 << 20) -> None:
+        """Read incoming messages on a thread, up to ``budget`` bytes ahead of the user.
+
+        Used on TCP links, where a large message cannot go through shared
+        memory: without it, two workers that both send a large message before
+        receiving would wait on each other forever.
+        """
+        self._spin = 0.0
+        self._ahead: "collections.deque" = collections.deque()
+        self._ahead_bytes = 0
+        self._ahead_budget = budget
+        self._ahead_error: Optional[BaseException] = None
+        self._ahead_cond = threading.Condition()
+        threading.Thread(target=self._read_ahead_loop, name="rlinf-cpu-read-ahead", daemon=True).start()
+
+    def _read_ahead_loop(self) -> None:
+        while True:
+            with self._ahead_cond:
+                while self._ahead_bytes >= self._ahead_budget and not self._broken:
+                    self._ahead_cond.wait(1.0)
+            try:
+                raw, frames = self._recv_direct(None)
+            except BaseException as exc:
+                with self._ahead_cond:
+                    self._ahead_error = exc
+                    self._ahead_cond.notify_all()
+                return
+            size = sum(len(f) for f in frames)
+            with self._ahead_cond:
+                self._ahead.append((raw, frames, size))
+                self._ahead_bytes += size
+                self._ahead_cond.notify_all()
+
+    def _pop_ahead(self, deadline: Optional[float]) -> tuple[bool, list]:
+        with self._ahead_cond:
+            while not self._ahead:
+                if self._ahead_error is not None:
+                    err = self._ahead_error
+                    raise err if isinstance(err, ConnectionError) else ConnectionError(str(err))
+                left = _remaining(deadline)
+                self._ahead_cond.wait(1.0 if left is None else min(left, 1.0))
+            raw, frames, size = self._ahead.popleft()
+            self._ahead_bytes -= size
+            self._ahead_cond.notify_all()
+            return raw, frames
+
     def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
+        if self._ahead_cond is not None:
+            return self._pop_ahead(deadline)
+        return self._recv_direct(deadline)
+
+    def _recv_direct(self, deadline: Optional[float]) -> tuple[bool, list]:
         with self._rlock:
             raw, frames = self._read_message_head(deadline)
             try:
@@ -299,6 +353,15 @@ class SocketLink(Link):
                 raise
 
     def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
+        if self._ahead_cond is not None:
+            raw, frames = self._pop_ahead(deadline)
+            views = [memoryview(t).cast("B") for t in targets]
+            sizes = [len(f) for f in frames]
+            if sizes != [v.nbytes for v in views]:
+                raise ValueError(f"the message holds buffers of {sizes} bytes, the receiver offered {[v.nbytes for v in views]}")
+            for v, f in zip(views, frames):
+                v[:] = f
+            return raw
         with self._rlock:
             raw, frames = self._read_message_head(deadline)
             views = [memoryview(t).cast("B") for t in targets]
@@ -407,6 +470,8 @@ class CpuTransport(Transport):
             conn.close()
             return
         link = SocketLink(conn, local=not is_tcp)
+        if is_tcp:
+            link.start_read_ahead()
         with self._lock:
             self._links.append(link)
         self._on_accept(link, hello)
