@@ -47,6 +47,19 @@ def main(temp_dir):
     # point-to-point between workers on different nodes
     res = group.execute_on(0, 1).ping_peer(1).wait()
     assert res == [{"reply": {"hello": 0}}, {"hello": 0}], res
+    # a channel hosted on the node asked for, used across nodes
+    from rlinf.scheduler import Channel
+
+    ch = Channel.create("remote_queue", node_id=1)
+    host = cluster.session.lookup_group("Channel.remote_queue").workers[0].info
+    assert host.node_id == 1, host
+    ch.put({"x": 1})
+    assert ch.get() == {"x": 1}
+    try:
+        Channel.create("nowhere", node_id=5)
+        raise AssertionError("channel on a missing node accepted")
+    except PlacementError:
+        pass
     try:
         Where.create_group().launch(cluster, placement_strategy=NodePlacementStrategy([2]), name="nope")
         raise AssertionError("placement on a missing node was accepted")

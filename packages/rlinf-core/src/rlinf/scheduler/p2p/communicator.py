@@ -78,6 +78,7 @@ class Communicator:
         self._cond = threading.Condition()
         self._groups: dict[str, Any] = {}
         self._transport_names: dict = {}
+        self._services: dict[str, Callable] = {}
         registry = get_registry()
         for entry in registry.provided["transport"].values():
             if "cpu" not in entry.descriptor.devices or entry.unusable_reason():
@@ -145,11 +146,19 @@ class Communicator:
             return pair
 
     # -- connections -------------------------------------------------------------
+    def add_service(self, kind: str, on_connect: Callable[[Link, dict], None]) -> None:
+        """Route connections whose hello has ``"service": kind`` to ``on_connect`` (channels use this)."""
+        self._services[kind] = on_connect
+
     def _on_accept(self, link: Link, hello: bytes) -> None:
         try:
             info = json.loads(hello)
+            service = info.get("service")
+            if service is not None:
+                self._services[service](link, info)
+                return
             src, transport = info["src"], info["transport"]
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError):
             link.close()
             return
         pair = self._pair(self._in, src)
