@@ -7,6 +7,8 @@ authentication stays on, with the token in the environment.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -19,13 +21,14 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory):
+def cluster():
     from rlinf.scheduler import Cluster
 
-    temp_dir = tmp_path_factory.mktemp("ray")
-    c = Cluster(num_nodes=1, launcher="ray", temp_dir=str(temp_dir), num_cpus=2, log_to_driver=False)
+    temp_dir = tempfile.mkdtemp(prefix="rlt")  # short: Ray's socket paths must fit in 107 bytes
+    c = Cluster(num_nodes=1, launcher="ray", temp_dir=temp_dir, num_cpus=2, log_to_driver=False)
     yield c
     c.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -40,6 +40,12 @@ class _Queue:
     putters: collections.deque = field(default_factory=collections.deque)
 
 
+def _own(frames: list) -> list:
+    """Copy frames that view a producer's shared memory, so a queued item does
+    not pin the producer's segment (which it would otherwise have to replace)."""
+    return [f if isinstance(f, (bytes, bytearray)) else bytearray(f) for f in frames]
+
+
 class _Conn:
     def __init__(self, link: Link, name: str):
         self.link = link
@@ -120,11 +126,12 @@ class ChannelServer:
                 q = q or self._queues.setdefault(key, _Queue())
                 waiter = _Waiter(conn, rid, op, deadline, item, float(ctrl.get("weight", 0)))
                 if not self.maxsize or len(q.items) < self.maxsize and not q.putters:
-                    q.items.append((item, waiter.weight))
+                    q.items.append((item if q.getters else _own(item), waiter.weight))
                     out.append((conn, {"id": rid}, ()))
                 elif ctrl.get("nowait"):
                     out.append((conn, {"id": rid, "error": "QueueFull", "message": f"channel {self.name!r} key {key!r} is full ({self.maxsize} items)"}, ()))
                 else:
+                    waiter.frames = _own(item)
                     q.putters.append(waiter)
                     self._deadline_added(deadline)
             elif op in ("get", "get_batch"):

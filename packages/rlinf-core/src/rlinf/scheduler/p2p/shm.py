@@ -35,15 +35,14 @@ _copy_pool = None
 _copy_pool_lock = threading.Lock()
 
 
-def _copy_threads() -> int:
-    return max(1, min(os.cpu_count() or 1, 4))
+_COPY_THREADS = max(1, min(os.cpu_count() or 1, 4))
 
 
 def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[:] = src`` for flat uint8 arrays, split over a few threads when large."""
     global _copy_pool
     n = src.nbytes
-    threads = _copy_threads()
+    threads = _COPY_THREADS
     if n < PARALLEL_COPY_MIN or threads == 1:
         np.copyto(dst, src)
         return
