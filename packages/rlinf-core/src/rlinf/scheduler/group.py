@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import os
 import time
 from typing import Any, Optional, Sequence
 
@@ -197,9 +197,12 @@ class WorkerGroup:
         nodes = {n.node_rank: n for n in cluster.nodes}
         master_addr = nodes[placements[0].node_rank].ip
         plugin_sources = get_registry().sources_json()
+        # RLINF_* settings of the launching process apply to its workers too
+        forwarded = {k: v for k, v in os.environ.items() if k.startswith("RLINF_") and k != config.PLUGIN_SOURCES_ENV}
         specs = []
         for p in placements:
             env = {
+                **forwarded,
                 "MASTER_ADDR": master_addr,
                 "RANK": str(p.rank),
                 "LOCAL_RANK": str(p.local_rank),

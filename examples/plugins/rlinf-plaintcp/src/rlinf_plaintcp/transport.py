@@ -1,0 +1,160 @@
+"""Plain TCP: length-prefixed frames, and a reader thread per connection.
+
+The reader thread drains the socket into a queue, so two processes that
+send large messages to each other at the same time never block each other,
+and a deadline only ever applies to waiting for a whole message.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import struct
+import threading
+import time
+from typing import Optional
+
+from rlinf.scheduler.p2p.transport import Link, Transport
+
+_HEAD = struct.Struct("<BI")  # raw flag, number of frames
+_LEN = struct.Struct("<Q")
+_HELLO = struct.Struct("<I")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    pos = 0
+    while pos < n:
+        got = sock.recv_into(view[pos:])
+        if got == 0:
+            raise ConnectionError("the peer closed the connection")
+        pos += got
+    return buf
+
+
+class TcpLink(Link):
+    def __init__(self, sock: socket.socket):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(None)
+        self._sock = sock
+        self._send_lock = threading.Lock()
+        self._inbox: collections.deque = collections.deque()
+        self._error: Optional[BaseException] = None
+        self._cond = threading.Condition()
+        threading.Thread(target=self._reader, name="plaintcp-reader", daemon=True).start()
+
+    def _reader(self) -> None:
+        try:
+            while True:
+                raw, count = _HEAD.unpack(_recv_exact(self._sock, _HEAD.size))
+                sizes = [_LEN.unpack(_recv_exact(self._sock, _LEN.size))[0] for _ in range(count)]
+                frames = [_recv_exact(self._sock, n) if n else bytearray() for n in sizes]
+                with self._cond:
+                    self._inbox.append((bool(raw), frames))
+                    self._cond.notify_all()
+        except BaseException as exc:
+            with self._cond:
+                self._error = exc if isinstance(exc, ConnectionError) else ConnectionError(str(exc))
+                self._cond.notify_all()
+
+    def send(self, frames, deadline, raw=False):
+        views = [memoryview(f).cast("B") for f in frames]
+        head = _HEAD.pack(1 if raw else 0, len(views)) + b"".join(_LEN.pack(v.nbytes) for v in views)
+        with self._send_lock:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError("deadline passed before sending")
+            try:
+                self._sock.sendall(head)
+                for v in views:
+                    if v.nbytes:
+                        self._sock.sendall(v)
+            except OSError as exc:
+                raise ConnectionError(f"sending failed: {exc}") from exc
+
+    def recv(self, deadline):
+        with self._cond:
+            while not self._inbox:
+                if self._error is not None:
+                    raise self._error
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError("no message before the deadline")
+                self._cond.wait(left)
+            return self._inbox.popleft()
+
+    def recv_into(self, targets, deadline):
+        raw, frames = self.recv(deadline)
+        views = [memoryview(t).cast("B") for t in targets]
+        if [len(f) for f in frames] != [v.nbytes for v in views]:
+            raise ValueError(f"message of {[len(f) for f in frames]} bytes, buffers of {[v.nbytes for v in views]}")
+        for v, f in zip(views, frames):
+            v[:] = f
+        return raw
+
+    def close(self):
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+class PlainTcpTransport(Transport):
+    name = "plaintcp"
+
+    def __init__(self):
+        self._server: Optional[socket.socket] = None
+        self._links: list[TcpLink] = []
+
+    def listen(self, on_accept, local_ip):
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.bind((local_ip, 0))  # the OS picks the port: no race with other processes
+        server.listen(64)
+        self._server = server
+
+        def accept_loop():
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                threading.Thread(target=handshake, args=(conn,), daemon=True).start()
+
+        def handshake(conn):
+            try:
+                conn.settimeout(10)
+                (n,) = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+                hello = bytes(_recv_exact(conn, n))
+            except (OSError, ConnectionError):
+                conn.close()
+                return
+            link = TcpLink(conn)
+            self._links.append(link)
+            on_accept(link, hello)
+
+        threading.Thread(target=accept_loop, name="plaintcp-accept", daemon=True).start()
+        return {"host": local_ip, "port": server.getsockname()[1]}
+
+    def connect(self, endpoint, hello, deadline):
+        left = None if deadline is None else max(0.001, deadline - time.monotonic())
+        sock = socket.create_connection((endpoint["host"], endpoint["port"]), timeout=left)
+        sock.sendall(_HELLO.pack(len(hello)) + hello)
+        link = TcpLink(sock)
+        self._links.append(link)
+        return link
+
+    def probe(self, endpoint):
+        try:
+            socket.create_connection((endpoint["host"], endpoint["port"]), timeout=2).close()
+            return True
+        except ConnectionRefusedError:
+            return False
+        except OSError:
+            return True
+
+    def close(self):
+        if self._server is not None:
+            self._server.close()
+        for link in self._links:
+            link.close()

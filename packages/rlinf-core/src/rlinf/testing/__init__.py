@@ -1,0 +1,22 @@
+"""Conformance suites for rlinf plugins, ready for pytest.
+
+Subclass the suite for your plugin in a test module of your own::
+
+    from rlinf.testing import TransportConformance
+
+    class TestMyTransport(TransportConformance):
+        transport_name = "mytransport"
+
+    from rlinf.testing import LauncherConformance
+
+    class TestMyLauncher(LauncherConformance):
+        launcher_name = "mylauncher"
+        cluster_options = {}
+
+Every test uses real processes; none mocks what it checks.
+"""
+
+from .launcher import LauncherConformance
+from .transport import TransportConformance
+
+__all__ = ["LauncherConformance", "TransportConformance"]

@@ -1,0 +1,165 @@
+"""``TransportConformance``: what every transport plugin must do.
+
+The suite starts a real second process (``rlinf.testing._echo_peer``) that
+listens with the transport under test and echoes messages back, then checks
+the ``Transport``/``Link`` contract from this process: handshake, frames of
+every size, raw flags, order, ``recv_into`` with size checks, both
+directions, deadlines, and what happens when the peer dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+MiB = 1 << 20
+
+
+class _Peer:
+    def __init__(self, name: str, env: dict):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlinf.testing._echo_peer", name],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the echo peer for transport {name!r} did not start (exit code {self.proc.wait(10)})")
+        self.endpoint = json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class TransportConformance:
+    """Subclass and set ``transport_name`` (and ``peer_env`` to add environment variables)."""
+
+    transport_name: str = ""
+    peer_env: dict = {}
+    #: largest message the suite sends; lower it for slow transports
+    big_message = 16 * MiB
+
+    @pytest.fixture
+    def transport(self):
+        from rlinf.scheduler.plugins import get_registry
+
+        entry = get_registry().transport(self.transport_name)
+        reason = entry.unusable_reason()
+        if reason:
+            pytest.skip(f"transport {self.transport_name!r} is not usable here: {reason}")
+        t = entry.descriptor.factory()
+        yield t
+        t.close()
+
+    @pytest.fixture
+    def peer(self):
+        env = dict(os.environ, **self.peer_env)
+        p = _Peer(self.transport_name, env)
+        yield p
+        p.close()
+
+    def connect(self, transport, peer, hello=b"conformance"):
+        return transport.connect(peer.endpoint, hello, time.monotonic() + 30)
+
+    @staticmethod
+    def deadline(seconds=30.0):
+        return time.monotonic() + seconds
+
+    # -- the contract ----------------------------------------------------------------
+    def test_endpoint_is_json(self, peer):
+        assert isinstance(peer.endpoint, dict) and json.loads(json.dumps(peer.endpoint)) == peer.endpoint
+
+    def test_hello_reaches_the_listener(self, transport, peer):
+        link = self.connect(transport, peer, b"hi there")
+        link.send([b"hello?"], self.deadline())
+        raw, frames = link.recv(self.deadline())
+        assert [bytes(f) for f in frames] == [b"hi there", b"hello?"] and raw is False
+
+    def test_frames_of_every_size_round_trip(self, transport, peer):
+        link = self.connect(transport, peer)
+        frames = [b"", b"x", bytes(range(256)) * 4, os.urandom(MiB + 3), bytearray(self.big_message)]
+        frames[-1][::4096] = b"\x07" * len(frames[-1][::4096])
+        link.send(frames, self.deadline())
+        raw, back = link.recv(self.deadline())
+        assert [bytes(f) for f in back] == [bytes(f) for f in frames]
+
+    def test_raw_flag_and_memoryviews(self, transport, peer):
+        import array
+
+        link = self.connect(transport, peer)
+        data = array.array("d", [1.5, -2.0, 3.25])
+        link.send([memoryview(b"fp"), memoryview(data)], self.deadline(), raw=True)
+        raw, back = link.recv(self.deadline())
+        assert raw is True and bytes(back[1]) == data.tobytes()
+
+    def test_messages_keep_their_order(self, transport, peer):
+        link = self.connect(transport, peer)
+        for i in range(200):
+            link.send([str(i).encode(), bytes(i * 97)], self.deadline())
+        got = [bytes(link.recv(self.deadline())[1][0]) for _ in range(200)]
+        assert got == [str(i).encode() for i in range(200)]
+
+    def test_recv_into_fills_and_checks_sizes(self, transport, peer):
+        link = self.connect(transport, peer)
+        link.send([b"abcd", bytes(range(100))], self.deadline(), raw=True)
+        link.send([b"ab"], self.deadline())
+        link.send([b"ok"], self.deadline())
+        head, body = bytearray(4), bytearray(100)
+        assert link.recv_into([head, body], self.deadline()) is True
+        assert bytes(head) == b"abcd" and bytes(body) == bytes(range(100))
+        with pytest.raises(ValueError):
+            link.recv_into([bytearray(5)], self.deadline())  # wrong size: consumed, not left behind
+        out = bytearray(2)
+        link.recv_into([out], self.deadline())
+        assert bytes(out) == b"ok"
+
+    def test_both_directions_at_once(self, transport, peer):
+        """Large messages in flight both ways on one link: no deadlock."""
+        link = self.connect(transport, peer)
+        big = bytes(self.big_message)
+        for _ in range(3):
+            link.send([b"m", big], self.deadline(60))
+        for _ in range(3):
+            assert len(link.recv(self.deadline(60))[1][1]) == len(big)
+
+    def test_recv_deadline(self, transport, peer):
+        link = self.connect(transport, peer)
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            link.recv(time.monotonic() + 0.3)
+        assert time.monotonic() - start < 5
+        link.send([b"still works"], self.deadline())
+        assert bytes(link.recv(self.deadline())[1][0]) == b"still works"
+
+    def test_peer_death_raises_connection_error(self, transport, peer):
+        link = self.connect(transport, peer)
+        link.send([b"die"], self.deadline())
+        start = time.monotonic()
+        with pytest.raises(ConnectionError):
+            link.recv(self.deadline(20))
+        assert time.monotonic() - start < 15
+        assert peer.proc.wait(10) == 17
+        assert transport.probe(peer.endpoint) is False
+
+    def test_probe_sees_a_live_peer(self, transport, peer):
+        assert transport.probe(peer.endpoint) is True
+
+    def test_connect_to_nothing_fails_fast(self, transport, peer):
+        link = self.connect(transport, peer)
+        link.send([b"die"], self.deadline())
+        peer.proc.wait(10)
+        start = time.monotonic()
+        with pytest.raises((ConnectionError, OSError, TimeoutError)):
+            l2 = transport.connect(peer.endpoint, b"late", time.monotonic() + 5)
+            l2.send([b"x"], time.monotonic() + 5)
+            l2.recv(time.monotonic() + 5)
+        assert time.monotonic() - start < 15

@@ -1,0 +1,33 @@
+"""The conformance kit run against this repository's own backends."""
+
+import pytest
+
+from rlinf.testing import LauncherConformance, TransportConformance
+
+
+class TestCpuTransportSharedMemory(TransportConformance):
+    transport_name = "cpu"
+
+
+class TestCpuTransportTcp(TransportConformance):
+    """The same transport forced onto its network path."""
+
+    transport_name = "cpu"
+    peer_env = {"RLINF_CPU_LOCAL": "0"}
+
+    def connect(self, transport, peer, hello=b"conformance"):
+        import os
+
+        os.environ["RLINF_CPU_LOCAL"] = "0"
+        try:
+            return super().connect(transport, peer, hello)
+        finally:
+            del os.environ["RLINF_CPU_LOCAL"]
+
+
+class TestRayLauncher(LauncherConformance):
+    launcher_name = "ray"
+
+    @pytest.fixture(scope="class")
+    def conformance_cluster(self, cluster):  # the session's Ray cluster: one Ray per test session
+        return cluster
