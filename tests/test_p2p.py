@@ -286,13 +286,15 @@ def test_shared_memory_is_reused_and_not_leaked(cluster, launch):
 
     def loop(w, n):
         name = w.worker_group_name
-        for i in range(n):
+        for i in range(n):  # lockstep, so at most a couple of segments are ever in flight
             if w._rank == 0:
                 w.send(torch.full((2 << 20,), float(i)), name, 1)
+                w.recv(name, 1)
             else:
                 t = w.recv(name, 0)
                 assert float(t[0]) == i
                 del t
+                w.send("ack", name, 0)
         if w._rank == 0:
             link = __import__("rlinf.scheduler.p2p.communicator", fromlist=["x"]).local_communicator()._out[f"{name}:1"].link
             return len(link._pool._segments)
@@ -302,6 +304,28 @@ def test_shared_memory_is_reused_and_not_leaked(cluster, launch):
     assert segments <= 3  # freed segments are reused, not reallocated per message
     assert fds < 200
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("rlinf")]
+
+
+def test_shared_memory_in_flight_is_bounded(cluster, launch):
+    """A receiver that keeps every tensor stalls its sender at RLINF_SHM_POOL_MB instead of exhausting memory."""
+    g = launch(Peer, placement=NodePlacementStrategy([0, 0]), name="shm_bound")
+
+    def run(w):
+        os.environ["RLINF_SHM_POOL_MB"] = "16"
+        name = w.worker_group_name
+        if w._rank == 0:
+            try:
+                for i in range(20):
+                    w.send(torch.zeros(1 << 20), name, 1, timeout=3)  # 4 MiB each
+            except TimeoutError as exc:
+                return i, str(exc)
+            return 20, ""
+        kept = [w.recv(name, 0) for _ in range(4)]
+        time.sleep(5)
+        return len(kept), ""
+
+    (sent, text), (kept, _) = g.run(__import__("p2p_helpers").ship(run)).wait()
+    assert kept == 4 and 4 <= sent < 20 and "released none in time" in text
 
 
 def test_broadcast_across_groups(pair):

@@ -233,9 +233,12 @@ class Communicator:
                 return op(deadline)
             except CommunicationError:
                 raise
-            except TimeoutError:
+            except TimeoutError as exc:
+                detail = str(exc)
+                detail = f" ({detail})" if detail and detail not in ("deadline passed", "timed out") else ""
                 raise CommTimeoutError(
-                    f"{self.name}: {what} {self._describe(peer)} timed out after {timeout:g} s", peer=peer.get_name()
+                    f"{self.name}: {what} {self._describe(peer)} timed out after {timeout:g} s{detail}",
+                    peer=peer.get_name(),
                 ) from None
             except (ConnectionError, OSError) as exc:
                 raise PeerDiedError(

@@ -142,7 +142,7 @@ class SocketLink(Link):
             from .shm import DATA_OFFSET, parallel_copy
 
             total = sum(-(-v.nbytes // _ALIGN) * _ALIGN for v in views if v.nbytes >= shm_min)
-            seg, created = self._pool.acquire(total)
+            seg, created = self._pool.acquire(total, deadline)
             if created:
                 newsegs.append(_NEWSEG.pack(seg.seg_id, seg.capacity))
                 fds.append(seg.fd)

@@ -17,6 +17,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 import weakref
 from typing import Optional
 
@@ -113,22 +114,39 @@ class SenderPool:
         self._lock = threading.Lock()
         self._dropped: list[int] = []
 
-    def acquire(self, nbytes: int) -> tuple[Segment, bool]:
-        """A segment with room for ``nbytes``, marked BUSY; ``True`` if newly created."""
-        with self._lock:
-            best: Optional[Segment] = None
-            for seg in self._segments.values():
-                if seg.capacity >= nbytes and seg.capacity <= max(2 * nbytes, nbytes + 8 * _ROUND) and seg.state() == FREE:
-                    if best is None or seg.capacity < best.capacity:
-                        best = seg
-            created = best is None
-            if created:
-                best = create_segment(self._next_id, nbytes)
-                self._next_id += 1
-                self._segments[best.seg_id] = best
-            best.set_state(BUSY)
-            self._trim(keep=best.seg_id)
-            return best, created
+    def acquire(self, nbytes: int, deadline: Optional[float] = None) -> tuple[Segment, bool]:
+        """A segment with room for ``nbytes``, marked BUSY; ``True`` if newly created.
+
+        Flow control: when the receiver holds ``RLINF_SHM_POOL_MB`` of this
+        link's segments already, wait for it to release one (or the deadline).
+        """
+        pause = 0.0002
+        while True:
+            with self._lock:
+                best: Optional[Segment] = None
+                busy = 0
+                for seg in self._segments.values():
+                    if seg.state() != FREE:
+                        busy += seg.capacity
+                    elif nbytes <= seg.capacity <= max(2 * nbytes, nbytes + 8 * _ROUND):
+                        if best is None or seg.capacity < best.capacity:
+                            best = seg
+                created = False
+                if best is None and (busy == 0 or busy + nbytes <= _pool_limit()):
+                    best = create_segment(self._next_id, nbytes)
+                    self._next_id += 1
+                    self._segments[best.seg_id] = best
+                    created = True
+                if best is not None:
+                    best.set_state(BUSY)
+                    self._trim(keep=best.seg_id)
+                    return best, created
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"the receiver holds {busy >> 20} MiB of shared memory from this sender and released none in time"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
 
     def _trim(self, keep: int) -> None:
         limit = _pool_limit()
