@@ -79,6 +79,7 @@ class RaySession(LauncherSession):
         self._groups: dict[str, Any] = {}  # group name -> placement group, for groups launched here
         self._actors: dict[int, Any] = {}
         self._nodes_cache: Optional[list[NodeInfo]] = None
+        self.watchdog = None  # the process that cleans up if this driver is killed
 
     @staticmethod
     def _in_worker() -> bool:
@@ -289,6 +290,10 @@ class RaySession(LauncherSession):
         self._groups.clear()
         if self._owns_cluster and self._ray.is_initialized():
             self._ray.shutdown()
+        if self.watchdog is not None:  # nothing left for it to guard
+            self.watchdog.terminate()
+            self.watchdog.wait(10)
+            self.watchdog = None
 
 
 async def _as_future(ref):
@@ -306,6 +311,24 @@ def _death_reason(exc) -> str:
     text = str(exc).strip().splitlines()
     detail = next((line.strip() for line in text if "died" in line.lower() or "killed" in line.lower()), "")
     return f"{type(exc).__name__}{': ' + detail if detail else ''}"
+
+
+def _start_watchdog():
+    """Make sure the embedded cluster dies with this driver, even on SIGKILL (see ``watchdog``)."""
+    import subprocess
+    import sys
+
+    import ray
+
+    session_dir = ray._private.worker._global_node.get_session_dir_path()
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlinf.ray.watchdog", str(os.getpid()), session_dir],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 class RayLauncher(Launcher):
@@ -332,7 +355,9 @@ class RayLauncher(Launcher):
             log_to_driver=options.pop("log_to_driver", True),
             **options,
         )
-        return RaySession(owns_cluster=True)
+        session = RaySession(owns_cluster=True)
+        session.watchdog = _start_watchdog()
+        return session
 
     def attach(self) -> RaySession:
         import ray
