@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from .. import config
 from ..address import validate_group_name
-from ..errors import CommTimeoutError, CommunicationError, GroupNameError
+from ..errors import CommTimeoutError, CommunicationError, GroupNameError, PeerDiedError
 from ..worker import Worker
 from .client import REPLY_GRACE, ChannelClient
 
@@ -141,7 +141,16 @@ class Channel:
                 record = current_session().lookup_group(self._group)
                 if record is None:
                     raise CommunicationError(f"channel {self._name!r} no longer exists (its host stopped)")
-                client = _clients[self._name] = ChannelClient.connect(self._name, self._group + ":0", record.workers[0])
+                host = record.workers[0]
+                try:
+                    client = ChannelClient.connect(self._name, self._group + ":0", host)
+                except OSError as exc:
+                    raise PeerDiedError(
+                        f"cannot reach the host of channel {self._name!r} ({host.info.describe()}): {exc}; "
+                        f"its process may have died",
+                        peer=self._group + ":0",
+                    ) from None
+                _clients[self._name] = client
             return client
 
     def _call(self, ctrl: dict, frames=(), async_op: bool = False, timeout: Optional[float] = None, decode=None):

@@ -167,6 +167,8 @@ class SocketLink(Link):
             except BaseException as exc:
                 self._broken = f"a send failed midway ({type(exc).__name__})"
                 raise
+        if fds:
+            self._pool.sent(seg)
 
     def _send_all(self, pending: list, fds: list[int], deadline: Optional[float]) -> None:
         sock = self.sock

@@ -60,8 +60,16 @@ def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
         f.result()
 
 
+#: most segments one link may have (in flight plus kept for reuse): each costs a descriptor per side
+MAX_SEGMENTS_ENV = "RLINF_SHM_MAX_SEGMENTS"
+
+
 def _pool_limit() -> int:
     return int(float(os.environ.get(POOL_ENV, "2048")) * (1 << 20))
+
+
+def _max_segments() -> int:
+    return max(2, int(os.environ.get(MAX_SEGMENTS_ENV, "32")))
 
 
 class Segment:
@@ -132,7 +140,9 @@ class SenderPool:
                         if best is None or seg.capacity < best.capacity:
                             best = seg
                 created = False
-                if best is None and (busy == 0 or busy + nbytes <= _pool_limit()):
+                if best is None and len(self._segments) >= _max_segments():
+                    self._drop_one_free()
+                if best is None and (busy == 0 or busy + nbytes <= _pool_limit()) and len(self._segments) < _max_segments():
                     best = create_segment(self._next_id, nbytes)
                     self._next_id += 1
                     self._segments[best.seg_id] = best
@@ -143,10 +153,20 @@ class SenderPool:
                     return best, created
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"the receiver holds {busy >> 20} MiB of shared memory from this sender and released none in time"
+                    f"the receiver holds {busy >> 20} MiB in {len(self._segments)} shared-memory segments from this "
+                    f"sender and released none in time"
                 )
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
+
+    def _drop_one_free(self) -> None:
+        """Make room for a segment of another size by dropping the largest free one."""
+        free = [s for s in self._segments.values() if s.state() == FREE]
+        if free:
+            seg = max(free, key=lambda s: s.capacity)
+            del self._segments[seg.seg_id]
+            self._dropped.append(seg.seg_id)
+            seg.close()
 
     def _trim(self, keep: int) -> None:
         limit = _pool_limit()
@@ -161,6 +181,12 @@ class SenderPool:
                 del self._segments[seg.seg_id]
                 self._dropped.append(seg.seg_id)
                 seg.close()
+
+    def sent(self, seg: Segment) -> None:
+        """The receiver has the descriptor now; ours is no longer needed (the mapping stays)."""
+        if seg.fd >= 0:
+            os.close(seg.fd)
+            seg.fd = -1
 
     def take_dropped(self) -> list[int]:
         with self._lock:
