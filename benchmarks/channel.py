@@ -11,12 +11,11 @@ throughput for 1 MiB tensors and at least 1x for small dicts.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 
-from common import print_table, save_bar_plot
+from common import close_cluster, local_cluster, print_table, save_bar_plot
 
-from rlinf.scheduler import Channel, Cluster, NodePlacementStrategy, Worker
+from rlinf.scheduler import Channel, NodePlacementStrategy, Worker
 
 
 def make_item(kind: str, i: int):
@@ -71,7 +70,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from ray.util.queue import Queue
 
-    cluster = Cluster(temp_dir=tempfile.mkdtemp(prefix="rlb"), log_to_driver=False)
+    cluster = local_cluster()
     prod = Endpoint.create_group().launch(cluster, NodePlacementStrategy([0]), name="bench_producer")
     cons = Endpoint.create_group().launch(cluster, NodePlacementStrategy([0]), name="bench_consumer")
     ours = Channel.create("bench_channel")
@@ -95,7 +94,7 @@ def main(argv=None):
                    "Ray Queue": [results[k][1]["concurrent"] for k in kinds]}, "items/s", log=True)
     prod.stop()
     cons.stop()
-    cluster.shutdown()
+    close_cluster(cluster)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,25 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def local_cluster():
+    """A local Ray cluster in a short-lived temp dir (removed by ``close_cluster``)."""
+    import tempfile
+
+    from rlinf.scheduler import Cluster
+
+    temp_dir = tempfile.mkdtemp(prefix="rlb")  # short: Ray's socket paths must fit in 107 bytes
+    cluster = Cluster(temp_dir=temp_dir, log_to_driver=False)
+    cluster.bench_temp_dir = temp_dir
+    return cluster
+
+
+def close_cluster(cluster) -> None:
+    import shutil
+
+    cluster.shutdown()
+    shutil.rmtree(cluster.bench_temp_dir, ignore_errors=True)
+
+
 def median_time(fn: Callable[[], None], repeat: int, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 
-from common import print_table, save_bar_plot
+from common import close_cluster, local_cluster, print_table, save_bar_plot
 
-from rlinf.scheduler import Cluster, NodePlacementStrategy, Worker
+from rlinf.scheduler import NodePlacementStrategy, Worker
 
 
 class NoopWorker(Worker):
@@ -42,7 +41,7 @@ def main(argv=None):
 
     import ray
 
-    cluster = Cluster(temp_dir=tempfile.mkdtemp(prefix="rlb"), log_to_driver=False)
+    cluster = local_cluster()
     raw_cls = ray.remote(num_cpus=0.01)(RawActor)
     n = args.workers
 
@@ -94,7 +93,7 @@ def main(argv=None):
         {"raw Ray": [raw_l, raw_c * 1e3], "rlinf": [our_l, our_c * 1e3]},
         "time",
     )
-    cluster.shutdown()
+    close_cluster(cluster)
 
 
 if __name__ == "__main__":

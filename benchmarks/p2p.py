@@ -11,12 +11,11 @@ Targets: 256 MiB at least 2x gloo and 1x Ray; small round trip at most 0.5x gloo
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 
-from common import print_table, save_bar_plot
+from common import close_cluster, local_cluster, print_table, save_bar_plot
 
-from rlinf.scheduler import Cluster, NodePlacementStrategy, Worker
+from rlinf.scheduler import NodePlacementStrategy, Worker
 
 MiB = 1 << 20
 
@@ -77,8 +76,7 @@ class BenchPeer(Worker):
         if raw:
             self.recv_tensor(buf, self.name, 0)
         else:
-            t = self.recv(self.name, 0)
-            del t
+            self.recv(self.name, 0)  # dropped at once, as a consumer that is done with it
 
     # -- raw gloo -----------------------------------------------------------------
     def init_gloo(self):
@@ -181,7 +179,7 @@ def main(argv=None):
 
     import ray
 
-    cluster = Cluster(temp_dir=tempfile.mkdtemp(prefix="rlb"), log_to_driver=False)
+    cluster = local_cluster()
     group = BenchPeer.create_group().launch(cluster, NodePlacementStrategy([0, 0]), name="bench_p2p")
     group.init_gloo().wait()
     remote = ray.remote(num_cpus=0.01)(RayPeer)
@@ -221,7 +219,7 @@ def main(argv=None):
     save_bar_plot("p2p", "One-way bandwidth by tensor size", [f"{s} MiB" for s in sizes],
                   {n: [bw[s][n] / 1e9 for s in sizes] for n in names}, "GB/s")
     group.stop()
-    cluster.shutdown()
+    close_cluster(cluster)
 
 
 if __name__ == "__main__":

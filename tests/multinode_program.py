@@ -33,8 +33,9 @@ def main(temp_dir):
     rc = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 1})
     rc.add_node(num_cpus=1)
     rc.wait_for_nodes()
-    ray.init(address=rc.address)
+    os.environ["RAY_ADDRESS"] = rc.address  # Cluster() joins the running cluster named here
     cluster = Cluster(num_nodes=2)
+    assert ray.is_initialized() and len(ray.nodes()) == 2
     assert cluster.num_nodes == 2, cluster
     ray_ids = [n.node_id for n in cluster.nodes]
     group = Where.create_group().launch(cluster, placement_strategy=NodePlacementStrategy([0, 1, 1]), name="where")

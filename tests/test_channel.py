@@ -12,7 +12,7 @@ import torch
 from rlinf.scheduler import Channel, CommunicationError, NodePlacementStrategy, PeerDiedError, WorkerMethodError
 from rlinf.scheduler.channel.channel import _hosts
 
-from p2p_helpers import Peer, run_on, ship
+from p2p_helpers import Peer, run_on
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,9 @@ import torch
 
 from rlinf.scheduler import (
     CollectiveGroupOptions,
-    CommTimeoutError,
     CommunicationError,
     NodePlacementStrategy,
     PeerDiedError,
-    PluginError,
     WorkerMethodError,
 )
 
@@ -413,3 +411,19 @@ def test_network_path_both_directions_large_sync_sends(cluster, launch):
         return float(got[0]), float(got.sum()) / got.numel(), buf.tolist()
 
     assert g.run(__import__("p2p_helpers").ship(both)).wait() == [(1.0, 1.0, [7.0] * 4), (0.0, 0.0, [7.0] * 4)]
+
+
+def test_a_busy_worker_still_takes_messages(pair):
+    """Messages to a worker that is busy in a long method are accepted at once and delivered later."""
+    a, b = pair
+
+    def busy_then_read(w):
+        time.sleep(3)
+        return [w.recv("p2p_a", 1, timeout=30) for _ in range(20)]
+
+    busy = run_on(b, 0, busy_then_read)
+    time.sleep(0.3)
+    start = time.monotonic()
+    run_on(a, 1, lambda w: [w.send(i, "p2p_b", 0) for i in range(20)]).wait(timeout=30)
+    assert time.monotonic() - start < 2.5  # the sender did not wait for the busy receiver
+    assert busy.wait(timeout=30) == [list(range(20))]

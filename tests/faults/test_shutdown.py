@@ -3,7 +3,6 @@ driver stop every worker and every process of its embedded cluster."""
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from . import config, context
 from .address import WorkerAddress, validate_group_name
-from .cluster import Cluster, current_session
-from .errors import GroupNameError, LaunchError, WorkerDiedError, WorkerError
+from .cluster import Cluster
+from .errors import GroupNameError, WorkerDiedError, WorkerError
 from .launcher import CallOutcome, GroupRecord, LauncherSession, WorkerRecord, WorkerSpec
 from .placement import PlacementStrategy, default_placement
 from .plugins import get_registry

@@ -18,7 +18,6 @@ from .info import WorkerInfo
 
 if TYPE_CHECKING:
     from .group import WorkerGroup
-    from .p2p.async_work import AsyncWork
     from .p2p.options import CollectiveGroupOptions
 
 

@@ -4,6 +4,12 @@ Segments are anonymous ``memfd`` files: their descriptors travel over a Unix
 socket (``SCM_RIGHTS``), so nothing appears in ``/dev/shm`` and the kernel
 frees the memory when the last process unmaps it, even after a crash.
 
+Mappings are made with ``mmap(2)`` directly rather than Python's ``mmap``
+module, which keeps a duplicate descriptor open per mapping: with many peers
+and segments that would run into the process's descriptor limit.  A
+mapping lives exactly as long as the buffer object returned for it (numpy
+views keep it alive), so it is never unmapped under a live tensor.
+
 The first page of a segment holds a state word.  The sender sets it to
 BUSY before handing the segment over; the receiver sets it back to FREE when
 every tensor viewing the segment has been garbage collected.  The sender
@@ -13,6 +19,7 @@ without any message flowing back.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import struct
@@ -72,10 +79,32 @@ def _max_segments() -> int:
     return max(2, int(os.environ.get(MAX_SEGMENTS_ENV, "32")))
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def map_shared(fd: int, size: int):
+    """Map ``size`` bytes of ``fd`` read-write and shared; no descriptor is kept.
+
+    Returns a ctypes buffer; the mapping is removed when the buffer and every
+    view of it have been garbage collected.
+    """
+    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
+    buf = (ctypes.c_char * size).from_address(addr)
+    weakref.finalize(buf, _libc.munmap, addr, size)
+    return buf
+
+
 class Segment:
     __slots__ = ("seg_id", "capacity", "fd", "mm", "view")
 
-    def __init__(self, seg_id: int, capacity: int, fd: int, mm: mmap.mmap):
+    def __init__(self, seg_id: int, capacity: int, fd: int, mm):
         self.seg_id = seg_id
         self.capacity = capacity  # bytes available for data
         self.fd = fd
@@ -90,10 +119,7 @@ class Segment:
 
     def close(self) -> None:
         self.view = None
-        try:
-            self.mm.close()
-        except BufferError:
-            pass  # still viewed here; the mapping goes when the views do
+        self.mm = None  # unmapped once no view of it is left
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -104,7 +130,7 @@ def create_segment(seg_id: int, nbytes: int) -> Segment:
     fd = os.memfd_create(f"rlinf-{seg_id}", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, DATA_OFFSET + capacity)
-        mm = mmap.mmap(fd, DATA_OFFSET + capacity)
+        mm = map_shared(fd, DATA_OFFSET + capacity)
     except BaseException:
         os.close(fd)
         raise
@@ -200,7 +226,7 @@ class SenderPool:
             self._segments.clear()
 
 
-def _mark_free(mm: mmap.mmap) -> None:
+def _mark_free(mm) -> None:
     try:
         _STATE.pack_into(mm, 0, FREE)
     except ValueError:
@@ -211,11 +237,11 @@ class ReceiverCache:
     """The segments a link's receiver has mapped, by sender-assigned id."""
 
     def __init__(self):
-        self._maps: dict[int, mmap.mmap] = {}
+        self._maps: dict = {}
 
     def add(self, seg_id: int, fd: int, capacity: int) -> None:
         try:
-            self._maps[seg_id] = mmap.mmap(fd, DATA_OFFSET + capacity)
+            self._maps[seg_id] = map_shared(fd, DATA_OFFSET + capacity)
         finally:
             os.close(fd)
 
