@@ -21,6 +21,39 @@ class Peer(Worker):
         return os.getpid()
 
 
+def await_with_ticker(work):
+    """Await ``work.async_wait()`` in a fresh event loop while a ticker runs; return (value, ticks).
+
+    Many ticks prove the wait never blocked the loop.
+    """
+    import asyncio
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        t = asyncio.create_task(ticker())
+        value = await work.async_wait()
+        t.cancel()
+        return value, ticks
+
+    return asyncio.run(main())
+
+
+def process_alive(pid) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def ship(fn) -> bytes:
     return dumps_by_value_where_needed(fn, fn.__module__)
 

@@ -119,21 +119,9 @@ def test_async_ops_and_event_loop(workers):
     ch = Channel.create("asyncch")
 
     def consumer(w, ch):
-        async def main():
-            ticks = 0
+        from p2p_helpers import await_with_ticker
 
-            async def ticker():
-                nonlocal ticks
-                while True:
-                    await asyncio.sleep(0.01)
-                    ticks += 1
-
-            t = asyncio.create_task(ticker())
-            got = await ch.get(async_op=True).async_wait()
-            t.cancel()
-            return got, ticks
-
-        return asyncio.run(main())
+        return await_with_ticker(ch.get(async_op=True))
 
     r = run_on(workers, 0, consumer, ch)
     time.sleep(0.5)

@@ -1,6 +1,5 @@
 """Point-to-point communication between workers, on a real local Ray."""
 
-import asyncio
 import dataclasses
 import os
 import signal
@@ -223,21 +222,9 @@ def test_async_work_api(pair):
         work = w.recv("p2p_a", 0, async_op=True)
         chained = work.then(lambda obj: obj["x"] * 2)
 
-        async def main():
-            ticks = 0
+        from p2p_helpers import await_with_ticker
 
-            async def ticker():
-                nonlocal ticks
-                while True:
-                    await asyncio.sleep(0.01)
-                    ticks += 1
-
-            t = asyncio.create_task(ticker())
-            value = await work.async_wait()
-            t.cancel()
-            return value, ticks
-
-        value, ticks = asyncio.run(main())
+        value, ticks = await_with_ticker(work)
         return value["x"], chained.wait(5), work.done(), ticks
 
     r = run_on(b, 0, receiver)

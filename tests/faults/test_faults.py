@@ -17,22 +17,14 @@ from rlinf.scheduler import (
     WorkerMethodError,
 )
 
-from p2p_helpers import Peer, run_on, ship
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+from p2p_helpers import Peer, process_alive, run_on, ship
 
 
 def _gone(pids, within=15.0):
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(process_alive(p) for p in pids):
         time.sleep(0.1)
-    return not any(_alive(p) for p in pids)
+    return not any(process_alive(p) for p in pids)
 
 
 def _cluster_still_launches(launch):
@@ -155,3 +147,31 @@ def test_kill_channel_host(cluster, launch):
         ch.put(1)
     assert _gone([host_pid])
     _cluster_still_launches(launch)
+
+
+def test_a_group_relaunched_under_the_same_name_is_reachable_again(cluster, launch):
+    a = launch(Peer, placement=NodePlacementStrategy([0]), name="f_keeper")
+
+    def talk(w):
+        w.send("ping", "f_phoenix", 0, timeout=30)
+        return w.recv("f_phoenix", 0, timeout=30)
+
+    def answer(w):
+        return w.send(("pong", w.recv("f_keeper", 0, timeout=30), os.getpid()), "f_keeper", 0, timeout=30)
+
+    pids = []
+    for round_ in range(2):
+        b = Peer.create_group().launch(cluster, NodePlacementStrategy([0]), name="f_phoenix")
+        pids.append(b.pid().wait()[0])
+        reply = run_on(b, 0, answer)
+        got = run_on(a, 0, talk).wait(timeout=60)[0]
+        reply.wait(timeout=30)
+        assert got[:2] == ("pong", "ping") and got[2] == pids[-1]
+        if round_ == 0:
+            os.kill(pids[0], signal.SIGKILL)
+            assert _gone([pids[0]])
+            b.stop()
+            with pytest.raises(WorkerMethodError, match="PeerDiedError|no group named"):
+                run_on(a, 0, lambda w: w.recv("f_phoenix", 0, timeout=30)).wait(timeout=60)
+        else:
+            b.stop()

@@ -10,17 +10,10 @@ import time
 
 import pytest
 
+from p2p_helpers import process_alive
 from rlinf.ray.watchdog import session_processes
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "driver_program.py")
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _run(mode):
@@ -44,7 +37,7 @@ def _run(mode):
         else:
             proc.wait(60)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (any(_alive(p) for p in pids) or session_processes(session)):
+        while time.monotonic() < deadline and (any(process_alive(p) for p in pids) or session_processes(session)):
             time.sleep(0.25)
         return proc, pids, session
     finally:
@@ -59,7 +52,7 @@ def _run(mode):
 def test_driver_end_stops_everything(mode):
     start = time.monotonic()
     proc, pids, session = _run(mode)
-    assert not [p for p in pids if _alive(p)], f"workers left running after '{mode}'"
+    assert not [p for p in pids if process_alive(p)], f"workers left running after '{mode}'"
     assert session_processes(session) == [], f"Ray processes left running after '{mode}'"
     if mode == "exit":
         assert proc.returncode == 3  # the program's own exit code is kept

@@ -84,6 +84,9 @@ class TcpLink(Link):
                 self._cond.wait(left)
             return self._inbox.popleft()
 
+    def is_open(self):
+        return self._error is None or bool(self._inbox)
+
     def recv_into(self, targets, deadline):
         raw, frames = self.recv(deadline)
         views = [memoryview(t).cast("B") for t in targets]

@@ -52,6 +52,7 @@ class _Pair:
     runner: Optional[SerialRunner] = None
     link: Optional[Link] = None
     transport: Optional[str] = None
+    endpoint: Optional[dict] = None  # what an outgoing link connected to
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def serial(self) -> SerialRunner:
@@ -171,6 +172,12 @@ class Communicator:
 
     def _outgoing(self, peer: WorkerAddress, transport: str, deadline: Optional[float]) -> _Pair:
         pair = self._pair(self._out, peer.get_name())
+        if pair.link is not None and not pair.link.is_open():
+            # the peer went away: forget the link and the peer's record, so that a
+            # group relaunched under the same name is found and connected afresh
+            pair.link.close()
+            pair.link = None
+            self._groups.pop(peer.group_key, None)
         if pair.link is not None and pair.transport == transport:
             return pair
         if pair.link is not None:
@@ -192,13 +199,36 @@ class Communicator:
             )
         hello = json.dumps({"src": self.name, "transport": transport}).encode()
         pair.link = self._transports[transport].connect(endpoint, hello, deadline)
-        pair.transport = transport
+        pair.transport, pair.endpoint = transport, endpoint
         return pair
+
+    def _send_frames(self, peer: WorkerAddress, transport: str, frames: list, deadline, raw: bool = False) -> None:
+        """Send on the pair's link; if the peer's process was replaced (its group relaunched
+        under the same name), reconnect to the new one and send there, once."""
+        pair = self._outgoing(peer, transport, deadline)
+        try:
+            pair.link.send(frames, deadline, raw=raw)
+            return
+        except (ConnectionError, OSError) as exc:
+            if isinstance(exc, TimeoutError):
+                raise
+            record = self._lookup(peer, refresh=True)
+            if record.endpoints.get(transport) == pair.endpoint:
+                raise
+        pair.link.close()
+        pair.link = None
+        self._outgoing(peer, transport, deadline).link.send(frames, deadline, raw=raw)
 
     def _incoming(self, peer: WorkerAddress, transport: str, deadline: Optional[float]) -> _Pair:
         pair = self._pair(self._in, peer.get_name())
-        if pair.link is not None and pair.transport == transport:
+        if pair.link is not None and pair.transport == transport and pair.link.is_open():
             return pair
+        if pair.link is not None and not pair.link.is_open():
+            # a dead sender: fail now unless a relaunched one (same name) connects
+            self._groups.pop(peer.group_key, None)
+            with self._cond:
+                if not pair.link.is_open():
+                    pair.link = None
         record = self._lookup(peer)  # validates group and rank before waiting
         next_probe = time.monotonic() + PROBE_INTERVAL
         with self._cond:
@@ -264,8 +294,7 @@ class Communicator:
         pair = self._pair(self._out, peer.get_name())
 
         def op(deadline):
-            p = self._outgoing(peer, transport, deadline)
-            p.link.send([header, *buffers], deadline)
+            self._send_frames(peer, transport, [header, *buffers], deadline)
 
         result = self._run(pair, op, async_op and failure is None, "sending to", peer, timeout)
         if failure is not None:
@@ -306,8 +335,7 @@ class Communicator:
         pair = self._pair(self._out, peer.get_name())
 
         def op(deadline):
-            p = self._outgoing(peer, transport, deadline)
-            p.link.send([fingerprint, payload], deadline, raw=True)
+            self._send_frames(peer, transport, [fingerprint, payload], deadline, raw=True)
 
         return self._run(pair, op, async_op, "sending a tensor to", peer, timeout)
 

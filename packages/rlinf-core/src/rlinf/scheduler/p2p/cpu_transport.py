@@ -107,6 +107,11 @@ class SocketLink(Link):
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
         self._ahead_cond: Optional[threading.Condition] = None
+        self._ahead_error: Optional[BaseException] = None
+        self._ahead: "collections.deque" = collections.deque()
+
+    def is_open(self) -> bool:
+        return not self._broken and (self._ahead_cond is None or self._ahead_error is None or bool(self._ahead))
 
     # -- waiting ------------------------------------------------------------------
     def _wait(self, poller, deadline: Optional[float], spun: list) -> None:

@@ -47,6 +47,10 @@ class Link(ABC):
         the message) if the sizes do not match the targets.
         """
 
+    def is_open(self) -> bool:
+        """False once the link failed (peer gone, a send broke midway): rlinf then reconnects."""
+        return True
+
     @abstractmethod
     def close(self) -> None: ...
 
