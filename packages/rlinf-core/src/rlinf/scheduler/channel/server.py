@@ -12,6 +12,7 @@ not grow with the number of keys ever used.
 from __future__ import annotations
 
 import collections
+import mmap
 import threading
 import time
 import traceback
@@ -40,10 +41,60 @@ class _Queue:
     putters: collections.deque = field(default_factory=collections.deque)
 
 
-def _own(frames: list) -> list:
+#: queued frames at least this large live in anonymous mappings, not on the heap
+_MAPPED_MIN = 1 << 16
+#: bytes of such mappings kept for reuse once their items are consumed
+_POOL_BYTES = 64 << 20
+
+
+class _BlockPool:
+    """Anonymous mappings for queued frames, reused by size.
+
+    Mappings go back to the system when not reused (the heap would keep a
+    burst of queued items resident long after they were consumed), and
+    recycling them keeps a steady stream free of page faults.
+    """
+
+    def __init__(self):
+        self._free: dict[int, list] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int):
+        with self._lock:
+            blocks = self._free.get(size)
+            if blocks:
+                self._bytes -= size
+                return blocks.pop()
+        return mmap.mmap(-1, size)
+
+    def give_back(self, frames) -> None:
+        for f in frames:
+            if isinstance(f, mmap.mmap):
+                with self._lock:
+                    if self._bytes + len(f) <= _POOL_BYTES:
+                        self._free.setdefault(len(f), []).append(f)
+                        self._bytes += len(f)
+                        continue
+                f.close()
+
+
+def _own(frames: list, pool: _BlockPool) -> list:
     """Copy frames that view a producer's shared memory, so a queued item does
     not pin the producer's segment (which it would otherwise have to replace)."""
-    return [f if isinstance(f, (bytes, bytearray)) else bytearray(f) for f in frames]
+    out = []
+    for f in frames:
+        if isinstance(f, (bytes, bytearray, mmap.mmap)):
+            out.append(f)
+            continue
+        view = memoryview(f).cast("B")
+        if view.nbytes >= _MAPPED_MIN:
+            block = pool.take(view.nbytes)
+            block[:] = view
+            out.append(block)
+        else:
+            out.append(bytearray(view))
+    return out
 
 
 class _Conn:
@@ -68,7 +119,7 @@ class ChannelServer:
         self._queues: dict[str, _Queue] = {}
         self._lock = threading.Lock()
         self._timer = threading.Condition(self._lock)
-        self._deadlines = 0
+        self._blocks = _BlockPool()
         threading.Thread(target=self._expire_loop, name=f"rlinf-channel-{name}-timeouts", daemon=True).start()
 
     # -- connections -------------------------------------------------------------
@@ -93,6 +144,7 @@ class ChannelServer:
                                    "message": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}, ())]
             for target, reply, item in replies:
                 target.reply(reply, item)
+                self._blocks.give_back(item)
 
     def _drop_connection(self, conn: _Conn) -> None:
         with self._lock:
@@ -126,12 +178,12 @@ class ChannelServer:
                 q = q or self._queues.setdefault(key, _Queue())
                 waiter = _Waiter(conn, rid, op, deadline, item, float(ctrl.get("weight", 0)))
                 if not self.maxsize or len(q.items) < self.maxsize and not q.putters:
-                    q.items.append((item if q.getters else _own(item), waiter.weight))
+                    q.items.append((item if q.getters else _own(item, self._blocks), waiter.weight))
                     out.append((conn, {"id": rid}, ()))
                 elif ctrl.get("nowait"):
                     out.append((conn, {"id": rid, "error": "QueueFull", "message": f"channel {self.name!r} key {key!r} is full ({self.maxsize} items)"}, ()))
                 else:
-                    waiter.frames = _own(item)
+                    waiter.frames = _own(item, self._blocks)
                     q.putters.append(waiter)
                     self._deadline_added(deadline)
             elif op in ("get", "get_batch"):
@@ -239,3 +291,4 @@ class ChannelServer:
                     self._timer.wait(0.5 if soonest is None else min(0.5, max(0.001, soonest - now)))
             for conn, reply, frames in out:
                 conn.reply(reply, frames)
+                self._blocks.give_back(frames)
