@@ -55,7 +55,7 @@ def process_alive(pid) -> bool:
 
 
 def ship(fn) -> bytes:
-    return dumps_by_value_where_needed(fn, fn.__module__)
+    return dumps_by_value_where_needed(fn, fn.__module__, __name__)  # helpers here travel by value too
 
 
 def run_on(group, rank, fn, *args):

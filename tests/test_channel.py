@@ -12,7 +12,7 @@ import torch
 from rlinf.scheduler import Channel, CommunicationError, NodePlacementStrategy, PeerDiedError, WorkerMethodError
 from rlinf.scheduler.channel.channel import _hosts
 
-from p2p_helpers import Peer, run_on
+from p2p_helpers import Peer, await_with_ticker, run_on
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +119,6 @@ def test_async_ops_and_event_loop(workers):
     ch = Channel.create("asyncch")
 
     def consumer(w, ch):
-        from p2p_helpers import await_with_ticker
-
         return await_with_ticker(ch.get(async_op=True))
 
     r = run_on(workers, 0, consumer, ch)

@@ -17,7 +17,7 @@ from rlinf.scheduler import (
     WorkerMethodError,
 )
 
-from p2p_helpers import Peer, run_on
+from p2p_helpers import Peer, await_with_ticker, run_on
 
 
 @pytest.fixture(scope="module")
@@ -221,8 +221,6 @@ def test_async_work_api(pair):
     def receiver(w):
         work = w.recv("p2p_a", 0, async_op=True)
         chained = work.then(lambda obj: obj["x"] * 2)
-
-        from p2p_helpers import await_with_ticker
 
         value, ticks = await_with_ticker(work)
         return value["x"], chained.wait(5), work.done(), ticks
