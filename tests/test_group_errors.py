@@ -154,3 +154,16 @@ def test_unpicklable_constructor_argument_is_refused_before_launch(cluster):
     with pytest.raises(TypeError, match="cannot send worker class"):
         Faulty.create_group(threading.Lock()).launch(cluster, name="unpicklable")
     assert "unpicklable" not in cluster.session.list_groups()
+
+
+def test_argument_that_cannot_be_unpacked_in_the_worker(launch, tmp_path, monkeypatch):
+    (tmp_path / "driver_only_type.py").write_text("class Thing:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import driver_only_type
+
+    group = launch(Faulty, placement=NodePlacementStrategy([0]), name="badarg")
+    with pytest.raises(WorkerMethodError, match="could not start in the worker") as info:
+        group.fail_on(driver_only_type.Thing()).wait(timeout=60)
+    assert info.value.rank == 0 and info.value.method == "fail_on" and "driver_only_type" in str(info.value)
+    assert group.fail_on(3).wait() == [0]  # the worker is fine
+    sys.modules.pop("driver_only_type", None)

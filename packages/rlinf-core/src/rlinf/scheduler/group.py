@@ -14,8 +14,8 @@ from typing import Any, Optional
 from . import config, context
 from .address import WorkerAddress, validate_group_name
 from .cluster import Cluster
-from .errors import GroupNameError, WorkerDiedError, WorkerError
-from .launcher import CallOutcome, GroupRecord, LauncherSession, WorkerRecord, WorkerSpec
+from .errors import GroupNameError, WorkerDiedError, WorkerError, WorkerMethodError
+from .launcher import CallOutcome, Died, GroupRecord, LauncherSession, Rejected, WorkerRecord, WorkerSpec
 from .placement import PlacementStrategy, default_placement
 from .plugins import get_registry
 from .serialization import dumps_worker_payload
@@ -57,17 +57,18 @@ class WorkerGroupFuncResult:
     def _finish(self, outcomes: list) -> list:
         self._outcomes = outcomes
         if self._durations is None:
-            self._durations = [o.durations if isinstance(o, CallOutcome) else {} for o in outcomes]
+            self._durations = [o.durations if type(o) is CallOutcome else {} for o in outcomes]
         return self._results()
 
     def _results(self) -> list:
         errors = []
         for rank, outcome in zip(self._ranks, self._outcomes):
-            if isinstance(outcome, CallOutcome):
-                if not outcome.ok:
-                    errors.append(outcome.value)
-            else:
-                errors.append(self._group._died(rank, self._method, outcome))
+            if isinstance(outcome, Died):
+                errors.append(self._group._died(rank, self._method, outcome.reason))
+            elif isinstance(outcome, Rejected):
+                errors.append(self._group._rejected(rank, self._method, outcome))
+            elif not outcome.ok:
+                errors.append(outcome.value)
         if errors:
             primary = _primary_error(errors)
             primary.errors = errors
@@ -286,6 +287,14 @@ class WorkerGroup:
         submit = self._session.submit
         calls = [submit(self._handles[r], method, args, kwargs) for r in ranks]
         return WorkerGroupFuncResult(self, method, ranks, calls)
+
+    def _rejected(self, rank: int, method: str, rejected: Rejected) -> WorkerError:
+        info = self._records[rank].info
+        return WorkerMethodError(
+            f"the call could not start in the worker: {rejected.reason}",
+            group=self._name, rank=rank, node=info.node_id, node_ip=info.node_ip, method=method, pid=info.pid,
+            remote_traceback=rejected.traceback or None, timestamp=time.time(),
+        )
 
     def _died(self, rank: int, method: str, reason: Any) -> WorkerError:
         if isinstance(reason, WorkerError):

@@ -21,7 +21,7 @@ from typing import Any, Optional
 from . import context, timing
 from .errors import CommunicationError, LaunchError, WorkerMethodError
 from .info import WorkerInfo
-from .launcher import CallOutcome, WorkerRecord, WorkerSpec
+from .launcher import CallOutcome, WorkerRecord, WorkerSpec, to_wire
 from .serialization import loads_worker_payload
 
 
@@ -124,14 +124,16 @@ class WorkerHost:
         return WorkerRecord(info=info, endpoints=published_endpoints())
 
     # -- calls ------------------------------------------------------------
-    def execute(self, method: str, args: tuple, kwargs: dict) -> CallOutcome:
-        """Run one method call; never raises for errors in user code."""
+    def execute(self, method: str, args: tuple, kwargs: dict):
+        """Run one method call; never raises for errors in user code.
+
+        Returns the outcome in wire form (``launcher.to_wire``)."""
         with timing.capture_durations() as durations:
             try:
                 result = getattr(self._instance, method)(*args, **kwargs)
                 if inspect.isawaitable(result):
                     result = self._event_loop().run_until_complete(result)
-                return CallOutcome(True, result, durations)
+                return to_wire(CallOutcome(True, result, durations))
             except BaseException as exc:
                 if isinstance(exc, KeyboardInterrupt):
                     raise
@@ -144,7 +146,7 @@ class WorkerHost:
                 )
                 err.secondary = bool(getattr(exc, "secondary", False)) and isinstance(exc, CommunicationError)
                 err.cause = _picklable(exc)
-                return CallOutcome(False, err, durations)
+                return to_wire(CallOutcome(False, err, durations))
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:

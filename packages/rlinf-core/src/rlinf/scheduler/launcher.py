@@ -50,14 +50,61 @@ class GroupRecord:
 
 
 class CallOutcome(NamedTuple):
-    """What one rank returned for one call: a value or an error, plus that call's timings.
-
-    A tuple, so that it costs launchers next to nothing to carry.
-    """
+    """What one rank returned for one call: a value or an error, plus that call's timings."""
 
     ok: bool
     value: Any
     durations: dict
+
+
+class Died(NamedTuple):
+    """What ``collect`` reports for a rank whose process died: the launcher's reason."""
+
+    reason: str
+
+
+class Rejected(NamedTuple):
+    """What ``collect`` reports for a call the worker could not start (its arguments
+    could not be unpacked there, say): the launcher's reason and traceback."""
+
+    reason: str
+    traceback: str = ""
+
+
+class Timed(NamedTuple):
+    """On the wire: a successful call that recorded timings."""
+
+    value: Any
+    durations: dict
+
+
+class Failed(NamedTuple):
+    """On the wire: a call that raised (``error`` is a ``WorkerMethodError``)."""
+
+    error: Any
+    durations: dict
+
+
+def to_wire(outcome: CallOutcome):
+    """The cheapest form of an outcome to carry back.
+
+    The common case, success without timings, travels as the bare return
+    value, so a group call costs what a raw call returning the same value costs.
+    """
+    if not outcome.ok:
+        return Failed(outcome.value, outcome.durations)
+    if outcome.durations or type(outcome.value) in (Timed, Failed, Died):
+        return Timed(outcome.value, outcome.durations)
+    return outcome.value
+
+
+def from_wire(value) -> CallOutcome:
+    kind = type(value)
+    if kind is Timed:
+        return CallOutcome(True, value.value, value.durations)
+    if kind is Failed:
+        return CallOutcome(False, value.error, value.durations)
+    return CallOutcome(True, value, {})
 
 
 class PendingCall(ABC):
@@ -92,7 +139,10 @@ class LauncherSession(ABC):
 
     @abstractmethod
     def collect(self, calls: Sequence[PendingCall], timeout: Optional[float]) -> list:
-        """Wait for the calls; per call return a ``CallOutcome`` or a ``WorkerDiedError``.
+        """Wait for the calls; per call return a ``CallOutcome`` or a ``Died``.
+
+        What a host's ``execute`` returned travels in wire form (``to_wire``);
+        turn it back with ``from_wire``.
 
         Raise ``TimeoutError`` if they are not all done within ``timeout``.
         """

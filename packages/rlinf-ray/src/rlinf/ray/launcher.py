@@ -17,7 +17,17 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from rlinf.scheduler.errors import GroupNameError, LaunchError, WorkerError
-from rlinf.scheduler.launcher import CallOutcome, GroupRecord, Launcher, LauncherSession, PendingCall
+from rlinf.scheduler.launcher import (
+    CallOutcome,
+    Died,
+    Failed,
+    GroupRecord,
+    Launcher,
+    LauncherSession,
+    PendingCall,
+    Rejected,
+    from_wire,
+)
 from rlinf.scheduler.placement import NodeInfo
 
 #: seconds to keep collecting the other ranks' outcomes after one rank failed,
@@ -218,8 +228,8 @@ class RaySession(LauncherSession):
         # fast path: everything finishes within the first slice and succeeds
         try:
             values = ray.get(refs, timeout=_SLICE if timeout is None else min(_SLICE, timeout))
-            if all(type(v) is CallOutcome and v.ok for v in values):
-                return values
+            if not any(type(v) is Failed for v in values):
+                return [from_wire(v) for v in values]
         except (GetTimeoutError, RayActorError, RayTaskError):
             pass
         return self._collect_slow(refs, None if timeout is None else time.monotonic() + timeout)
@@ -237,7 +247,7 @@ class RaySession(LauncherSession):
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=wait_for)
             for ref, outcome in zip(ready, self._fetch(ready)):
                 outcomes[index[ref]] = outcome
-                if grace_end is None and not (type(outcome) is CallOutcome and outcome.ok):
+                if grace_end is None and not (type(outcome) is CallOutcome and outcome.ok):  # failed or died
                     grace_end = time.monotonic() + float(os.environ.get(ERROR_GRACE_ENV, "2.0"))
             now = time.monotonic()
             if pending and grace_end is not None and now >= grace_end:
@@ -252,18 +262,19 @@ class RaySession(LauncherSession):
         from ray.exceptions import RayActorError, RayTaskError
 
         try:
-            return ray.get(refs)
+            return [from_wire(v) for v in ray.get(refs)]
         except (RayActorError, RayTaskError):
             pass
         out = []
         for ref in refs:
             try:
-                out.append(ray.get(ref))
+                out.append(from_wire(ray.get(ref)))
             except RayActorError as exc:
-                out.append(_death_reason(exc))
+                out.append(Died(_death_reason(exc)))
             except RayTaskError as exc:
                 cause = getattr(exc, "cause", None)
-                out.append(cause if isinstance(cause, BaseException) else RuntimeError(str(exc)))
+                out.append(Rejected(f"{type(cause).__name__}: {cause}" if cause is not None else str(exc).splitlines()[0],
+                                    getattr(exc, "traceback_str", "") or str(exc)))
         return out
 
     async def collect_async(self, calls):
