@@ -50,11 +50,12 @@ def validate_group_name(name: str) -> str:
 class WorkerAddress:
     """The cluster-wide name of one worker: a root group name and a rank path."""
 
-    __slots__ = ("_root", "_ranks")
+    __slots__ = ("_root", "_ranks", "_name")
 
     def __init__(self, root_group_name: str, ranks: RankPath | None = None):
         self._root = validate_group_name(root_group_name)
         self._ranks = _normalize_ranks(ranks)
+        self._name = _SEP.join([self._root, *map(str, self._ranks)])
 
     # -- construction -----------------------------------------------------
     @classmethod
@@ -96,7 +97,7 @@ class WorkerAddress:
 
     # -- navigation -------------------------------------------------------
     def get_name(self) -> str:
-        return _SEP.join([self._root, *map(str, self._ranks)])
+        return self._name
 
     def get_parent_rank(self) -> int:
         if len(self._ranks) < 2:

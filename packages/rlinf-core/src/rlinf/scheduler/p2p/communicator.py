@@ -124,7 +124,7 @@ class Communicator:
             return f"worker {peer.get_name()!r}"
 
     def transport_name(self, requested: Optional[str]) -> str:
-        key = (requested, os.environ.get(config.TRANSPORT_ENV))
+        key = (requested, None if requested is not None else os.environ.get(config.TRANSPORT_ENV))
         name = self._transport_names.get(key)
         if name is None:
             name = self._transport_names[key] = self._resolve_transport(requested)
