@@ -32,8 +32,15 @@ def _float_env(name: str, default: float) -> float:
     return value
 
 
+_timeout_cache: dict = {}
+
+
 def default_timeout() -> float:
-    return _float_env(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+    raw = os.environ.get(TIMEOUT_ENV)
+    value = _timeout_cache.get(raw)
+    if value is None:
+        value = _timeout_cache[raw] = _float_env(TIMEOUT_ENV, DEFAULT_TIMEOUT)
+    return value
 
 
 def launch_timeout() -> float:

@@ -387,6 +387,8 @@ _local_lock = threading.Lock()
 def local_communicator(create: bool = False) -> Optional[Communicator]:
     """This process's communicator; created on first use inside a worker."""
     global _local
+    if _local is not None:  # the common case, without the lock
+        return _local
     with _local_lock:
         if _local is None and create:
             ctx = context.current()

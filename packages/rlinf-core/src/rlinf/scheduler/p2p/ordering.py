@@ -22,6 +22,7 @@ class Turnstile:
         self._next = 0
         self._serving = 0
         self._abandoned: set[int] = set()
+        self._waiting = 0
 
     def take(self) -> int:
         with self._cond:
@@ -30,12 +31,18 @@ class Turnstile:
             return ticket
 
     def wait_turn(self, ticket: int, deadline: Optional[float]) -> None:
+        if self._serving == ticket:  # our turn already: no lock needed to know it
+            return
         with self._cond:
-            while self._serving != ticket:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError("earlier operations on this pair did not finish in time")
-                self._cond.wait(left)
+            self._waiting += 1
+            try:
+                while self._serving != ticket:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError("earlier operations on this pair did not finish in time")
+                    self._cond.wait(left)
+            finally:
+                self._waiting -= 1
 
     def done(self, ticket: int) -> None:
         """Finish (or abandon, if its turn never came) a ticket."""
@@ -47,7 +54,8 @@ class Turnstile:
             while self._serving in self._abandoned:
                 self._abandoned.discard(self._serving)
                 self._serving += 1
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
 
 
 class SerialRunner:
