@@ -114,9 +114,6 @@ class RaySession(LauncherSession):
             ]
         return self._nodes_cache
 
-    def refresh_nodes(self) -> None:
-        self._nodes_cache = None
-
     # -- registry -----------------------------------------------------------------
     def reserve_group(self, name: str) -> None:
         if not self._ray.get(self._registry.reserve.remote(name)):
@@ -185,14 +182,15 @@ class RaySession(LauncherSession):
     def _collect_launch(self, refs, specs, timeout):
         ray = self._ray
         deadline = time.monotonic() + timeout
+        spec_of = dict(zip(refs, specs))
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                ranks = [specs[refs.index(r)].placement.rank for r in pending]
+                ranks = [spec_of[r].placement.rank for r in pending]
                 raise LaunchError(f"workers did not start within {timeout:.0f} s (ranks {ranks})", group=specs[0].group_key)
             for ref in ready:
-                spec = specs[refs.index(ref)]
+                spec = spec_of[ref]
                 try:
                     ray.get(ref)
                 except Exception as exc:
