@@ -54,6 +54,14 @@ def process_alive(pid) -> bool:
         return False
 
 
+def link_to(peer: str, incoming: bool = False):
+    """Inside a worker: this process's link to (or, with ``incoming``, from) worker ``peer``."""
+    from rlinf.scheduler.p2p.communicator import local_communicator
+
+    comm = local_communicator()
+    return (comm._in if incoming else comm._out)[peer].link
+
+
 def ship(fn) -> bytes:
     return dumps_by_value_where_needed(fn, fn.__module__, __name__)  # helpers here travel by value too
 

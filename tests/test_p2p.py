@@ -17,7 +17,7 @@ from rlinf.scheduler import (
     WorkerMethodError,
 )
 
-from p2p_helpers import Peer, await_with_ticker, run_on
+from p2p_helpers import Peer, await_with_ticker, link_to, run_on, ship
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ def test_group_with_itself_and_all_pairs(cluster, launch):
             w.send((w._rank, dst), name, dst, async_op=True)
         return sorted(w.recv(name, src) for src in range(w._world_size))
 
-    results = g.run(__import__("p2p_helpers").ship(all_to_all)).wait()
+    results = g.run(ship(all_to_all)).wait()
     assert results == [[(s, d) for s in range(3)] for d in range(3)]
 
 
@@ -258,10 +258,10 @@ def test_network_path_without_shared_memory(cluster, launch):
             return float(buf.sum())
         got = w.recv(name, 0)
         w.send_tensor(torch.ones(1 << 20), name, 0)
-        link = __import__("rlinf.scheduler.p2p.communicator", fromlist=["x"]).local_communicator()._in[f"{name}:0"].link
+        link = link_to(f"{name}:0", incoming=True)
         return bool(torch.equal(got["t"], torch.arange(3_000_000, dtype=torch.float32))), link.local
 
-    assert g.run(__import__("p2p_helpers").ship(exchange)).wait() == [float(1 << 20), (True, False)]
+    assert g.run(ship(exchange)).wait() == [float(1 << 20), (True, False)]
 
 
 def test_shared_memory_is_reused_and_not_leaked(cluster, launch):
@@ -279,11 +279,11 @@ def test_shared_memory_is_reused_and_not_leaked(cluster, launch):
                 del t
                 w.send("ack", name, 0)
         if w._rank == 0:
-            link = __import__("rlinf.scheduler.p2p.communicator", fromlist=["x"]).local_communicator()._out[f"{name}:1"].link
+            link = link_to(f"{name}:1")
             return len(link._pool._segments)
         return len(os.listdir(f"/proc/{os.getpid()}/fd"))
 
-    segments, fds = g.run(__import__("p2p_helpers").ship(loop), 50).wait()
+    segments, fds = g.run(ship(loop), 50).wait()
     assert segments <= 3  # freed segments are reused, not reallocated per message
     assert fds < 200
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("rlinf")]
@@ -307,7 +307,7 @@ def test_shared_memory_in_flight_is_bounded(cluster, launch):
         time.sleep(5)
         return len(kept), ""
 
-    (sent, text), (kept, _) = g.run(__import__("p2p_helpers").ship(run)).wait()
+    (sent, text), (kept, _) = g.run(ship(run)).wait()
     assert kept == 4 and 4 <= sent < 20 and "released none in time" in text
 
 
@@ -316,7 +316,7 @@ def test_broadcast_across_groups(pair):
     groups = [("p2p_a", [0, 1]), ("p2p_b", [0, 1])]
     fn = lambda w, g: w.broadcast({"w": torch.ones(3)} if (w.worker_group_name, w._rank) == ("p2p_a", 0) else None,
                                   groups=g, src=("p2p_a", 0))["w"].sum().item()
-    ra, rb = a.run(__import__("p2p_helpers").ship(fn), groups), b.run(__import__("p2p_helpers").ship(fn), groups)
+    ra, rb = a.run(ship(fn), groups), b.run(ship(fn), groups)
     assert ra.wait() == [3.0, 3.0] and rb.wait() == [3.0, 3.0]
 
 
@@ -395,7 +395,7 @@ def test_network_path_both_directions_large_sync_sends(cluster, launch):
         w.recv_tensor(buf, name, other)
         return float(got[0]), float(got.sum()) / got.numel(), buf.tolist()
 
-    assert g.run(__import__("p2p_helpers").ship(both)).wait() == [(1.0, 1.0, [7.0] * 4), (0.0, 0.0, [7.0] * 4)]
+    assert g.run(ship(both)).wait() == [(1.0, 1.0, [7.0] * 4), (0.0, 0.0, [7.0] * 4)]
 
 
 def test_a_busy_worker_still_takes_messages(pair):

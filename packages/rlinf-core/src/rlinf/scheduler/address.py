@@ -9,7 +9,7 @@ communication and the group registry key on.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence, Union
+from typing import Sequence, Union
 
 RankPath = Union[int, Sequence[int]]
 
@@ -112,9 +112,6 @@ class WorkerAddress:
     def get_child_address(self, rank: int) -> "WorkerAddress":
         return WorkerAddress(self._root, self._ranks + _normalize_ranks(rank))
 
-    def is_descendant_of(self, other: "WorkerAddress") -> bool:
-        return self._root == other._root and self._ranks[: len(other._ranks)] == other._ranks
-
     # -- value semantics --------------------------------------------------
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, WorkerAddress):
@@ -160,7 +157,3 @@ def resolve_address(group_name: str, rank: RankPath) -> WorkerAddress:
     if not path:
         raise ValueError(f"no rank given for group {group_name!r}")
     return WorkerAddress(base.root_group_name, base.rank_path + list(path))
-
-
-def names(addresses: Iterable[WorkerAddress]) -> list[str]:
-    return [a.get_name() for a in addresses]

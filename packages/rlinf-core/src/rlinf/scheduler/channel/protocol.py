@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 
-OPS = ("put", "get", "get_batch", "qsize", "full", "cancel")
-
-
 def control(frame) -> dict:
     return json.loads(bytes(frame))
 

@@ -41,7 +41,8 @@ def _setup(group_name, rank, options, timeout):
     )
 
 
-def _check_tensor(tensor, what: str):
+def _check_tensor(tensor, what: str, group_name, rank):
+    what = f"{what} ({'to' if what == 'send_tensor' else 'from'} group {group_name!r} rank {rank})"
     torch = __import__("sys").modules.get("torch")
     if torch is None or not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} takes a torch.Tensor, got {type(tensor).__name__}")
@@ -65,14 +66,14 @@ def recv(src_group_name: str, src_rank, async_op=False, options=None, timeout=No
 
 
 def send_tensor(tensor, dst_group_name: str, dst_rank, async_op=False, options=None, timeout=None):
-    _check_tensor(tensor, "send_tensor")
+    _check_tensor(tensor, "send_tensor", dst_group_name, dst_rank)
     comm, peer, transport, timeout = _setup(dst_group_name, dst_rank, options, timeout)
     result = comm.send_tensor(tensor, peer, transport, timeout, async_op)
     return result if async_op else None
 
 
 def recv_tensor(tensor, src_group_name: str, src_rank, async_op=False, options=None, timeout=None):
-    _check_tensor(tensor, "recv_tensor")
+    _check_tensor(tensor, "recv_tensor", src_group_name, src_rank)
     comm, peer, transport, timeout = _setup(src_group_name, src_rank, options, timeout)
     result = comm.recv_tensor(tensor, peer, transport, timeout, async_op)
     return result if async_op else None

@@ -83,7 +83,6 @@ class SocketLink(Link):
     def __init__(self, sock: socket.socket, local: bool):
         self.sock = sock
         self.local = local
-        self.zero_copy = local
         sock.setblocking(False)
         self._fd = sock.fileno()
         self._poll_in = select.poll()

@@ -28,9 +28,6 @@ from typing import Callable, Optional, Sequence
 class Link(ABC):
     """A connection to one peer carrying whole messages in order."""
 
-    #: set by a transport whose ``recv`` may return shared-memory views
-    zero_copy = False
-
     @abstractmethod
     def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
         """Send one message.  ``raw`` marks a ``send_tensor`` message (no object header)."""
