@@ -14,6 +14,10 @@ AUTOLOAD_ENV = "RLINF_PLUGINS_AUTOLOAD"
 PLUGINS_ENV = "RLINF_PLUGINS"
 #: set by core in worker processes: the plugins the driver loaded, so workers skip discovery
 PLUGIN_SOURCES_ENV = "RLINF_PLUGIN_SOURCES"
+#: seconds a launcher keeps collecting other ranks' outcomes after one rank failed,
+#: so that the root cause (not its echo on a peer) is the error reported
+ERROR_GRACE_ENV = "RLINF_ERROR_GRACE"
+DEFAULT_ERROR_GRACE = 2.0
 
 DEFAULT_TIMEOUT = 1800.0
 DEFAULT_LAUNCH_TIMEOUT = 300.0
@@ -41,6 +45,10 @@ def default_timeout() -> float:
     if value is None:
         value = _timeout_cache[raw] = _float_env(TIMEOUT_ENV, DEFAULT_TIMEOUT)
     return value
+
+
+def error_grace() -> float:
+    return _float_env(ERROR_GRACE_ENV, DEFAULT_ERROR_GRACE)
 
 
 def launch_timeout() -> float:

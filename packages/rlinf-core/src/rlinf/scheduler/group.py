@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from typing import Any, Optional
 
 from . import config, context
@@ -34,6 +35,19 @@ def _primary_error(errors: list[WorkerError]) -> WorkerError:
         return (kind, err.timestamp)
 
     return min(errors, key=rank)
+
+
+#: groups launched by this process and not stopped yet
+_launched: "weakref.WeakSet[WorkerGroup]" = weakref.WeakSet()
+
+
+def stop_launched_groups() -> None:
+    """Stop every group this process launched (its worker is being released)."""
+    for group in list(_launched):
+        try:
+            group.stop()
+        except Exception:
+            pass
 
 
 class WorkerGroupFuncResult:
@@ -227,6 +241,7 @@ class WorkerGroup:
             session.release_group(key)
             raise
         self._session, self._name, self._cluster = session, key, cluster
+        _launched.add(self)
         return self
 
     # -- attributes -----------------------------------------------------------
@@ -316,6 +331,7 @@ class WorkerGroup:
         """Stop this group's workers and free its name."""
         if self._session is None:
             return
+        _launched.discard(self)
         try:
             self._session.stop_workers(self._handles)
         finally:

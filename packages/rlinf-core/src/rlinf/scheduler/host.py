@@ -14,6 +14,7 @@ import inspect
 import os
 import pickle
 import socket
+import sys
 import time
 import traceback
 from typing import Any, Optional
@@ -155,3 +156,36 @@ class WorkerHost:
 
     def ping(self) -> int:
         return os.getpid()
+
+    # -- teardown -------------------------------------------------------------
+    def release(self) -> None:
+        """Let go of everything the worker held, so this process can host another worker.
+
+        For launchers whose processes outlive a group (an MPI rank): stops the
+        groups this worker launched, closes its connections and channels, leaves
+        a ``torch.distributed`` process group it joined, forgets its identity and
+        returns the port it held.  Module state of the user's own code stays.
+        """
+        from .channel.channel import forget_process_channels
+        from .group import stop_launched_groups
+        from .p2p.communicator import close_local_communicator
+
+        self._instance = None
+        stop_launched_groups()
+        forget_process_channels()
+        close_local_communicator()
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None:
+            try:
+                if dist.is_available() and dist.is_initialized():
+                    dist.destroy_process_group()
+            except Exception:
+                pass
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+        if self._held_port is not None:
+            self._held_port.close()
+            self._held_port = None
+        context.set_current(None)
+        self._ctx = None

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from rlinf.scheduler import config
 from rlinf.scheduler.errors import GroupNameError, LaunchError, WorkerError
 from rlinf.scheduler.launcher import (
     CallOutcome,
@@ -30,9 +31,6 @@ from rlinf.scheduler.launcher import (
 )
 from rlinf.scheduler.placement import NodeInfo
 
-#: seconds to keep collecting the other ranks' outcomes after one rank failed,
-#: so that the root cause (not its echo on a peer) is reported
-ERROR_GRACE_ENV = "RLINF_ERROR_GRACE"
 #: fraction of a CPU each worker's bundle reserves (workers mostly wait)
 WORKER_CPU = 0.01
 NODE_LABEL = "ray.io/node-id"
@@ -246,7 +244,7 @@ class RaySession(LauncherSession):
             for ref, outcome in zip(ready, self._fetch(ready)):
                 outcomes[index[ref]] = outcome
                 if grace_end is None and not (type(outcome) is CallOutcome and outcome.ok):  # failed or died
-                    grace_end = time.monotonic() + float(os.environ.get(ERROR_GRACE_ENV, "2.0"))
+                    grace_end = time.monotonic() + config.error_grace()
             now = time.monotonic()
             if pending and grace_end is not None and now >= grace_end:
                 break

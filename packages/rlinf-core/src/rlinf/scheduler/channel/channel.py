@@ -262,6 +262,19 @@ def _decode_many(ctrl: dict, frames: list) -> list:
     return [codec.decode(item[0], item[1:]) for item in _split(ctrl, frames)]
 
 
+def forget_process_channels() -> None:
+    """Close this process's channel connections and forget the channels it created."""
+    with _lock:
+        clients = list(_clients.values())
+        _clients.clear()
+        _hosts.clear()
+    for client in clients:
+        try:
+            client.close()
+        except Exception:
+            pass
+
+
 def create_channel_from_worker(name, node_id, maxsize, aliases) -> Channel:
     name = aliases.pop("channel_name", name)
     node_id = aliases.pop("node_rank", node_id)

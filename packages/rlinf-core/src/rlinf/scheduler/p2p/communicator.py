@@ -398,3 +398,12 @@ def local_communicator(create: bool = False) -> Optional[Communicator]:
                 )
             _local = Communicator(ctx.address, ctx.info.node_ip)
         return _local
+
+
+def close_local_communicator() -> None:
+    """Close this process's communicator (its worker is gone); the next worker gets a new one."""
+    global _local
+    with _local_lock:
+        comm, _local = _local, None
+    if comm is not None:
+        comm.close()
