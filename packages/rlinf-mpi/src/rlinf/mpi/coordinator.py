@@ -1,0 +1,113 @@
+"""The job's bookkeeping, kept by rank 0: which ranks host which group, and the group registry.
+
+Workers reach it through requests to rank 0; the driver calls it directly.
+Ranks are handed out per node in rank order and only when every worker of a
+group fits, so a launch that asks for more workers than a node has free
+ranks fails before any of them starts.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional, Sequence
+
+from rlinf.scheduler.errors import PlacementError
+
+from . import runtime
+
+
+class Coordinator:
+    def __init__(self, world: runtime.World):
+        self._world = world
+        nodes = world.node_ranks()
+        self._slots = {info.rank: nodes[info.hostname] for info in world.ranks if info.rank != 0}
+        self._owner: dict[int, str] = {}  # rank -> group hosted there
+        self._groups: dict[str, object] = {}
+        self._reserved: set[str] = set()
+        self._lock = threading.Lock()
+
+    # -- ranks ---------------------------------------------------------------------
+    def allocate(self, group: str, node_ranks: Sequence[int]) -> list[int]:
+        """One free rank per worker, on the worker's node; all or nothing."""
+        with self._lock:
+            free: dict[int, list[int]] = {}
+            for rank in sorted(self._slots):
+                if rank not in self._owner:
+                    free.setdefault(self._slots[rank], []).append(rank)
+            wanted: dict[int, int] = {}
+            for node in node_ranks:
+                wanted[node] = wanted.get(node, 0) + 1
+            for node, count in sorted(wanted.items()):
+                have = len(free.get(node, []))
+                if count > have:
+                    total = sum(1 for n in self._slots.values() if n == node)
+                    raise PlacementError(self._shortage(group, node, count, have, total))
+            picked = []
+            for node in node_ranks:
+                rank = free[node].pop(0)
+                self._owner[rank] = group
+                picked.append(rank)
+            return picked
+
+    def _shortage(self, group: str, node: int, count: int, have: int, total: int) -> str:
+        busy = sorted({g for r, g in self._owner.items() if self._slots[r] == node})
+        how = (
+            f"run with more ranks (mpiexec -n {self._world.size + count - have} ...)"
+            if self._world.mode == "mpiexec"
+            else f"set {runtime.SLOTS_ENV} to at least {len(self._slots) + count - have}"
+        )
+        return (
+            f"group {group!r} needs {count} worker rank(s) on node {node} but only {have} of the job's {total} "
+            f"worker rank(s) there are free (groups holding ranks: {busy or 'none'}); each rank hosts one worker "
+            f"at a time and rank 0 runs the program: {how}, or stop groups that are done"
+        )
+
+    def release_ranks(self, ranks: Sequence[int]) -> None:
+        with self._lock:
+            for rank in ranks:
+                self._owner.pop(rank, None)
+
+    def busy_ranks(self) -> list[int]:
+        with self._lock:
+            return sorted(self._owner)
+
+    # -- registry ---------------------------------------------------------------------
+    def reserve(self, name: str) -> bool:
+        with self._lock:
+            if name in self._groups or name in self._reserved:
+                return False
+            self._reserved.add(name)
+            return True
+
+    def register(self, record) -> None:
+        with self._lock:
+            self._reserved.discard(record.name)
+            self._groups[record.name] = record
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            self._reserved.discard(name)
+            self._groups.pop(name, None)
+
+    def lookup(self, name: str) -> Optional[object]:
+        with self._lock:
+            return self._groups.get(name)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._groups)
+
+    # -- serving other ranks ------------------------------------------------------------
+    def handle(self, op: str, body):
+        """One request, as any rank sends it: ``op`` names the method, ``body`` its argument."""
+        if op == "allocate":
+            return self.allocate(*body)
+        if op == "names":
+            return self.names()
+        if op not in ("release_ranks", "reserve", "register", "release", "lookup"):
+            raise ValueError(f"rank 0 does not serve {op!r}")
+        return getattr(self, op)(body)
+
+    def serve(self, service) -> None:
+        for op in ("allocate", "release_ranks", "reserve", "register", "release", "lookup", "names"):
+            service.handle(op, lambda source, body, reply, op=op: reply(True, self.handle(op, body)))

@@ -1,0 +1,78 @@
+"""Bounded waits on MPI requests without MPI's blocking calls.
+
+A blocking ``MPI_Wait`` can neither time out nor notice a peer that is gone,
+and MPICH busy-polls a core while in it.  Every wait here tests the request,
+spins for at most ``RLINF_SPIN_US`` microseconds (latency), then sleeps in
+growing steps up to ``MAX_SLEEP`` (CPU), and raises ``TimeoutError`` at its
+deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Optional
+
+SPIN_ENV = "RLINF_SPIN_US"
+DEFAULT_SPIN_US = 50.0
+#: longest sleep between two tests of a request
+MAX_SLEEP = 0.001
+_FIRST_SLEEP = 0.00002
+
+_spin_cache: dict = {}
+
+
+def spin_seconds() -> float:
+    raw = os.environ.get(SPIN_ENV)
+    value = _spin_cache.get(raw)
+    if value is None:
+        try:
+            value = max(0.0, float(raw)) / 1e6 if raw else DEFAULT_SPIN_US / 1e6
+        except ValueError:
+            value = DEFAULT_SPIN_US / 1e6
+        _spin_cache[raw] = value
+    return value
+
+
+def wait_for(test: Callable[[], object], deadline: Optional[float], what: str = "deadline passed",
+             alive: Optional[Callable[[], bool]] = None):
+    """Call ``test`` until it returns something truthy; return that.
+
+    ``alive`` (checked about once a second) lets a wait end early with
+    ``ConnectionError`` when the peer is known to be gone.
+    """
+    result = test()
+    if result:
+        return result
+    now = time.monotonic()
+    spin_end = now + spin_seconds()
+    while now < spin_end:
+        result = test()
+        if result:
+            return result
+        now = time.monotonic()
+    sleep = _FIRST_SLEEP
+    next_check = now + 1.0
+    while True:
+        if deadline is not None and now >= deadline:
+            raise TimeoutError(what)
+        if alive is not None and now >= next_check:
+            if not alive():
+                raise ConnectionError("the peer's process is gone")
+            next_check = now + 1.0
+        time.sleep(sleep if deadline is None else max(0.0, min(sleep, deadline - now)))
+        sleep = min(sleep * 2, MAX_SLEEP)
+        result = test()
+        if result:
+            return result
+        now = time.monotonic()
+
+
+def wait_requests(requests: list, deadline: Optional[float], what: str = "deadline passed",
+                  alive: Optional[Callable[[], bool]] = None) -> None:
+    """Wait until every MPI request completed."""
+    if not requests:
+        return
+    from mpi4py import MPI
+
+    wait_for(lambda: MPI.Request.Testall(requests), deadline, what, alive)

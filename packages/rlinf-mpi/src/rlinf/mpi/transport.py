@@ -1,0 +1,324 @@
+"""The MPI transport: links between ranks of one rlinf MPI job.
+
+A link is a pair of tags on the job's ``data`` communicator, chosen by the
+connecting side and announced in its hello.  One message is a header
+(``<BH`` flags and frame count, then one ``<Q`` size per frame) followed by
+the frames.  Messages up to ``INLINE_MAX`` bytes travel as one MPI message;
+larger ones send every frame as its own MPI message straight from the
+caller's memory (a tensor is never copied on the sender), and ``recv_into``
+receives straight into the caller's buffers.
+
+Two ranks that both send a large message before receiving would wait on
+each other (MPI's rendezvous protocol).  The service thread therefore reads
+ahead on links that nobody is receiving on: small messages at once (this is
+also how a link notices that its peer closed it), large ones after
+``DRAIN_DELAY`` seconds unmatched, up to ``READ_AHEAD_BYTES`` per link.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import struct
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from rlinf.scheduler.p2p.transport import Link, Transport
+
+from . import runtime
+from .polling import wait_for, wait_requests
+from .service import TAG_HELLO, rank_alive, send_bytes, service
+
+_HEAD = struct.Struct("<BH")
+_SIZE = struct.Struct("<Q")
+FLAG_RAW, FLAG_INLINE, FLAG_CLOSE = 1, 2, 4
+INLINE_MAX = 64 << 10
+DRAIN_DELAY = 0.02
+READ_AHEAD_BYTES = 64 << 20
+_TAG_BASE = 16
+_link_ids = itertools.count(1)
+
+
+def job_id(world: runtime.World) -> str:
+    driver = world.ranks[0]
+    return f"{driver.hostname}:{driver.pid}"
+
+
+def _nbytes(frame) -> int:
+    return frame.nbytes if isinstance(frame, memoryview) else memoryview(frame).nbytes
+
+
+def _empty(size: int):
+    return np.empty(size, dtype=np.uint8)  # not zeroed: MPI writes every byte
+
+
+class MpiLink(Link):
+    def __init__(self, world: runtime.World, peer: int, send_tag: int, recv_tag: int):
+        self._comm = world.data
+        self.peer = peer
+        self._send_tag = send_tag
+        self._recv_tag = recv_tag
+        self._recv_lock = threading.Lock()  # held for one whole incoming message
+        self._send_lock = threading.Lock()
+        self._ahead: collections.deque = collections.deque()
+        self._ahead_bytes = 0
+        self._seen_at: Optional[float] = None
+        self._open = True
+        self._peer_closed = False
+        self._keep: list = []  # buffers of sends abandoned midway: MPI may still read them
+        service().add_task(self._read_ahead)
+
+    def _alive(self) -> bool:
+        return rank_alive(self.peer)
+
+    def is_open(self) -> bool:
+        return self._open and not self._peer_closed
+
+    def _check_open(self) -> None:
+        if self._peer_closed:
+            raise ConnectionError(f"MPI rank {self.peer} closed the link (its worker stopped)")
+        if not self._open:
+            raise ConnectionError("the link is closed")
+
+    # -- sending ---------------------------------------------------------------------
+    def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
+        from mpi4py import MPI
+
+        self._check_open()
+        sizes = [_nbytes(f) for f in frames]
+        total = sum(sizes)
+        inline = total <= INLINE_MAX
+        flags = (FLAG_RAW if raw else 0) | (FLAG_INLINE if inline else 0)
+        head = _HEAD.pack(flags, len(frames)) + b"".join(_SIZE.pack(n) for n in sizes)
+        with self._send_lock:
+            if inline:
+                message = b"".join([head, *frames])
+                requests = [self._comm.Isend([message, MPI.BYTE], self.peer, self._send_tag)]
+                keep = [message]
+            else:
+                requests = [self._comm.Isend([head, MPI.BYTE], self.peer, self._send_tag)]
+                requests += [self._comm.Isend([f, MPI.BYTE], self.peer, self._send_tag) for f, n in zip(frames, sizes) if n]
+                keep = [head, *frames]
+            try:
+                wait_requests(requests, deadline, "the receiver did not take the message", self._alive)
+            except BaseException:
+                self._open = False  # a message is half sent: the link cannot be used again
+                self._keep.append((requests, keep))
+                raise
+
+    # -- receiving -------------------------------------------------------------------
+    def _match(self, deadline: Optional[float]):
+        from mpi4py import MPI
+
+        status = MPI.Status()
+
+        def probe():
+            if self._ahead:
+                return True
+            if not self._open:
+                raise ConnectionError("the link was closed")
+            return self._comm.Improbe(self.peer, self._recv_tag, status)
+
+        message = wait_for(probe, deadline, "no message from the peer", self._alive)
+        if message is True:
+            return None, None
+        return message, status
+
+    def _receive_head(self, message, status, deadline):
+        """Receive a matched header message: (flags, sizes, inline bytes or None)."""
+        from mpi4py import MPI
+
+        buf = _empty(status.Get_count(MPI.BYTE))
+        wait_requests([message.Irecv([buf, MPI.BYTE])], deadline, "the message did not arrive", self._alive)
+        flags, count = _HEAD.unpack_from(buf, 0)
+        sizes = [_SIZE.unpack_from(buf, _HEAD.size + 8 * i)[0] for i in range(count)]
+        if flags & FLAG_CLOSE:
+            self._peer_closed = True
+            raise ConnectionError(f"MPI rank {self.peer} closed the link (its worker stopped)")
+        offset = _HEAD.size + 8 * count
+        return flags, sizes, (memoryview(buf)[offset:] if flags & FLAG_INLINE else None)
+
+    def _receive_frames(self, flags, sizes, body, targets, deadline) -> None:
+        from mpi4py import MPI
+
+        if body is not None:
+            pos = 0
+            for target, n in zip(targets, sizes):
+                memoryview(target).cast("B")[:n] = body[pos:pos + n]
+                pos += n
+            return
+        requests = [self._comm.Irecv([t, MPI.BYTE], self.peer, self._recv_tag) for t, n in zip(targets, sizes) if n]
+        try:
+            wait_requests(requests, deadline, "the message did not arrive in full", self._alive)
+        except BaseException:
+            self._open = False
+            raise
+
+    def _next_message(self, deadline) -> tuple:
+        """(flags, buffers) of the next message, from the read-ahead queue or from MPI."""
+        message, status = self._match(deadline)
+        if message is None:
+            flags, buffers, size = self._ahead.popleft()
+            self._ahead_bytes -= size
+            if flags & FLAG_CLOSE:
+                self._peer_closed = True
+                raise ConnectionError(f"MPI rank {self.peer} closed the link (its worker stopped)")
+            return flags, buffers
+        flags, sizes, body = self._receive_head(message, status, deadline)
+        if body is not None:
+            out, pos = [], 0
+            for n in sizes:
+                out.append(body[pos:pos + n])
+                pos += n
+            return flags, out
+        buffers = [_empty(n) for n in sizes]
+        self._receive_frames(flags, sizes, None, buffers, deadline)
+        return flags, buffers
+
+    def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
+        self._check_open()
+        with self._recv_lock:
+            flags, buffers = self._next_message(deadline)
+        return bool(flags & FLAG_RAW), [memoryview(b) if isinstance(b, np.ndarray) else b for b in buffers]
+
+    def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
+        self._check_open()
+        wanted = [_nbytes(t) for t in targets]
+        with self._recv_lock:
+            if self._ahead:
+                flags, buffers = self._next_message(deadline)
+                got = [_nbytes(b) for b in buffers]
+                if got != wanted:
+                    raise ValueError(f"message of {got} bytes per frame, buffers of {wanted}")
+                for target, b in zip(targets, buffers):
+                    memoryview(target).cast("B")[:] = memoryview(b).cast("B")
+                return bool(flags & FLAG_RAW)
+            message, status = self._match(deadline)
+            if message is None:  # read ahead while we waited
+                return self.recv_into_ahead(targets, wanted)
+            flags, sizes, body = self._receive_head(message, status, deadline)
+            if sizes != wanted:
+                self._receive_frames(flags, sizes, body, [_empty(n) for n in sizes], deadline)  # consume it
+                raise ValueError(f"message of {sizes} bytes per frame, buffers of {wanted}")
+            self._receive_frames(flags, sizes, body, targets, deadline)
+            return bool(flags & FLAG_RAW)
+
+    def recv_into_ahead(self, targets, wanted) -> bool:
+        flags, buffers, size = self._ahead.popleft()
+        self._ahead_bytes -= size
+        if flags & FLAG_CLOSE:
+            self._peer_closed = True
+            raise ConnectionError(f"MPI rank {self.peer} closed the link (its worker stopped)")
+        got = [_nbytes(b) for b in buffers]
+        if got != wanted:
+            raise ValueError(f"message of {got} bytes per frame, buffers of {wanted}")
+        for target, b in zip(targets, buffers):
+            memoryview(target).cast("B")[:] = memoryview(b).cast("B")
+        return bool(flags & FLAG_RAW)
+
+    # -- read-ahead (service thread) -------------------------------------------------------
+    def _read_ahead(self) -> bool:
+        if not self._open or self._peer_closed or self._ahead_bytes >= READ_AHEAD_BYTES:
+            return False
+        if not self._recv_lock.acquire(blocking=False):
+            return False  # someone is receiving: they will take it
+        try:
+            from mpi4py import MPI
+
+            status = MPI.Status()
+            if not self._comm.Iprobe(self.peer, self._recv_tag, status):
+                self._seen_at = None
+                return False
+            now = time.monotonic()
+            if status.Get_count(MPI.BYTE) > INLINE_MAX + 4096:  # a large message's header
+                if self._seen_at is None:
+                    self._seen_at = now
+                if now - self._seen_at < DRAIN_DELAY:
+                    return False
+            self._seen_at = None
+            message = self._comm.Improbe(self.peer, self._recv_tag, status)
+            if message is None:
+                return False
+            try:
+                flags, sizes, body = self._receive_head(message, status, now + 60)
+            except ConnectionError:
+                self._ahead.append((FLAG_CLOSE, [], 0))
+                return True
+            if body is not None:
+                buffers, pos = [], 0
+                for n in sizes:
+                    buffers.append(bytes(body[pos:pos + n]))
+                    pos += n
+            else:
+                buffers = [_empty(n) for n in sizes]
+                self._receive_frames(flags, sizes, None, buffers, now + 60)
+            size = sum(sizes)
+            self._ahead.append((flags, buffers, size))
+            self._ahead_bytes += size
+            return True
+        except Exception:
+            self._open = False
+            return False
+        finally:
+            self._recv_lock.release()
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        service().remove_task(self._read_ahead)
+        if not self._peer_closed:
+            try:  # tell the peer, so that its next send or receive fails instead of waiting
+                send_bytes(self._comm, _HEAD.pack(FLAG_CLOSE, 0), self.peer, self._send_tag, time.monotonic() + 1.0)
+            except Exception:
+                pass
+
+
+class MpiTransport(Transport):
+    name = "mpi"
+
+    def __init__(self):
+        self._world = runtime.world()
+        self._links: list[MpiLink] = []
+        self._on_accept: Optional[Callable] = None
+
+    def listen(self, on_accept, local_ip: str) -> dict:
+        self._on_accept = on_accept
+        service().on_hello(self._accept)
+        return {"job": job_id(self._world), "rank": self._world.rank}
+
+    def _accept(self, source: int, data: bytes) -> None:
+        (link_id,) = struct.unpack_from("<Q", data, 0)
+        tag = _TAG_BASE + 2 * link_id
+        link = MpiLink(self._world, source, send_tag=tag + 1, recv_tag=tag)
+        self._links.append(link)
+        if self._on_accept is None:
+            link.close()
+            return
+        self._on_accept(link, data[8:])
+
+    def connect(self, endpoint: dict, hello: bytes, deadline: Optional[float]) -> Link:
+        if endpoint.get("job") != job_id(self._world):
+            raise ConnectionError(f"the peer is in another MPI job ({endpoint.get('job')}), not {job_id(self._world)}")
+        peer = int(endpoint["rank"])
+        link_id = next(_link_ids)
+        tag = _TAG_BASE + 2 * link_id
+        link = MpiLink(self._world, peer, send_tag=tag, recv_tag=tag + 1)
+        send_bytes(self._world.data, struct.pack("<Q", link_id) + hello, peer, TAG_HELLO, deadline)
+        self._links.append(link)
+        return link
+
+    def probe(self, endpoint: dict) -> bool:
+        return endpoint.get("job") != job_id(self._world) or rank_alive(int(endpoint["rank"]))
+
+    def close(self) -> None:
+        if service().on_hello_is(self._accept):
+            service().on_hello(None)
+        for link in self._links:
+            link.close()
+        self._links.clear()
+
