@@ -1,4 +1,4 @@
-"""Run one benchmark by name: ``python benchmarks/run.py group|p2p|channel [options]``."""
+"""Run one benchmark by name: ``python benchmarks/run.py group|p2p|channel|mpi [options]``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib
 import os
 import sys
 
-BENCHMARKS = {"group": "group", "p2p": "p2p", "channel": "channel"}
+BENCHMARKS = {"group": "group", "p2p": "p2p", "channel": "channel", "mpi": "mpi"}
 
 
 def main() -> int:

@@ -2,6 +2,11 @@
 
 Ray keeps its files under the session's temp dir (never ``$HOME``); token
 authentication stays on, with the token in the environment.
+
+With ``RLINF_TEST_LAUNCHER=mpi`` (the suite running as the program of
+``mpiexec -n N python -m rlinf.mpi -m pytest ...``) the same tests run on the
+MPI job's ranks instead; tests that need Ray, or a worker process that can
+die without ending the job, are skipped there with the reason.
 """
 
 from __future__ import annotations
@@ -20,10 +25,24 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 import pytest
 
 
+TEST_LAUNCHER = os.environ.get("RLINF_TEST_LAUNCHER", "ray")
+#: skip reason for tests that kill a worker process: MPI ends the whole job when a rank dies
+MPI_ENDS_JOB = "under mpiexec a rank that dies ends the whole MPI job (tested in tests/test_mpi.py)"
+needs_ray = pytest.mark.skipif(TEST_LAUNCHER != "ray", reason="tests the Ray launcher or Ray itself")
+survives_worker_death = pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason=MPI_ENDS_JOB)
+cpu_transport_internals = pytest.mark.skipif(
+    TEST_LAUNCHER == "mpi", reason="inspects the cpu transport's internals; under MPI workers talk over the mpi transport")
+
+
 @pytest.fixture(scope="session")
 def cluster():
     from rlinf.scheduler import Cluster
 
+    if TEST_LAUNCHER == "mpi":
+        c = Cluster(launcher="mpi")
+        yield c
+        c.shutdown()
+        return
     temp_dir = tempfile.mkdtemp(prefix="rlt")  # short: Ray's socket paths must fit in 107 bytes
     c = Cluster(num_nodes=1, launcher="ray", temp_dir=temp_dir, num_cpus=2, log_to_driver=False)
     yield c

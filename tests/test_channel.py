@@ -13,6 +13,7 @@ from rlinf.scheduler import Channel, CommunicationError, NodePlacementStrategy, 
 from rlinf.scheduler.channel.channel import _hosts
 
 from p2p_helpers import Peer, await_with_ticker, run_on
+from conftest import survives_worker_death
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +187,7 @@ def test_many_keys_and_items_and_bookkeeping():
     assert _hosts["many"].stats().wait()[0] == {"keys": 0, "items": 0}
 
 
+@survives_worker_death
 def test_consumer_blocked_on_dead_host_raises(cluster, workers):
     ch = Channel.create("doomed")
     record = cluster.session.lookup_group("Channel.doomed")

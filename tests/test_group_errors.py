@@ -19,6 +19,8 @@ from rlinf.scheduler import (
     WorkerMethodError,
 )
 
+from conftest import survives_worker_death
+
 
 class Faulty(Worker):
     def __init__(self):
@@ -54,6 +56,7 @@ def test_method_error_names_group_rank_node_method_with_traceback(launch):
     assert group.fail_on(99).wait() == [0, 1, 2]
 
 
+@survives_worker_death
 def test_killed_worker_raises_within_seconds(launch):
     group = launch(Faulty, placement=NodePlacementStrategy([0, 0]), name="killed")
     pids = group.pid().wait()

@@ -18,6 +18,7 @@ from rlinf.scheduler import (
 )
 
 from p2p_helpers import Peer, await_with_ticker, link_to, run_on, ship
+from conftest import cpu_transport_internals, survives_worker_death
 
 
 @pytest.fixture(scope="module")
@@ -232,18 +233,21 @@ def test_async_work_api(pair):
     assert (x, doubled, done) == (21, 42, True) and ticks >= 10  # the loop kept running while waiting
 
 
-def test_transport_selection(pair):
-    a, b = pair
+def test_transport_selection(launch):
+    """An explicit transport is used for that pair (own groups: a pair keeps the transport it started with)."""
+    a = launch(Peer, placement=NodePlacementStrategy([0]), name="sel_a")
+    b = launch(Peer, placement=NodePlacementStrategy([0, 0]), name="sel_b")
     opts = CollectiveGroupOptions(transport="cpu")
-    r = run_on(b, 1, lambda w, o: w.recv("p2p_a", 0, options=o), opts)
-    run_on(a, 0, lambda w, o: w.send("via cpu", "p2p_b", 1, options=o), opts).wait()
+    r = run_on(b, 1, lambda w, o: w.recv("sel_a", 0, options=o), opts)
+    run_on(a, 0, lambda w, o: w.send("via cpu", "sel_b", 1, options=o), opts).wait()
     assert r.wait() == ["via cpu"]
     with pytest.raises(WorkerMethodError, match="no transport named 'nosuch'"):
-        run_on(a, 0, lambda w: w.send(1, "p2p_b", 1, options=CollectiveGroupOptions(transport="nosuch"))).wait()
+        run_on(a, 0, lambda w: w.send(1, "sel_b", 1, options=CollectiveGroupOptions(transport="nosuch"))).wait()
     with pytest.raises(ValueError):
         CollectiveGroupOptions(transport="")
 
 
+@cpu_transport_internals
 def test_network_path_without_shared_memory(cluster, launch):
     """Peers on different hosts use TCP: forced here with RLINF_CPU_LOCAL=0."""
     g = launch(Peer, placement=NodePlacementStrategy([0, 0]), name="tcp_pair")
@@ -264,6 +268,7 @@ def test_network_path_without_shared_memory(cluster, launch):
     assert g.run(ship(exchange)).wait() == [float(1 << 20), (True, False)]
 
 
+@cpu_transport_internals
 def test_shared_memory_is_reused_and_not_leaked(cluster, launch):
     g = launch(Peer, placement=NodePlacementStrategy([0, 0]), name="shm_pair")
 
@@ -289,6 +294,7 @@ def test_shared_memory_is_reused_and_not_leaked(cluster, launch):
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("rlinf")]
 
 
+@cpu_transport_internals
 def test_shared_memory_in_flight_is_bounded(cluster, launch):
     """A receiver that keeps every tensor stalls its sender at RLINF_SHM_POOL_MB instead of exhausting memory."""
     g = launch(Peer, placement=NodePlacementStrategy([0, 0]), name="shm_bound")
@@ -352,6 +358,7 @@ def test_nested_workers_by_rank_path(launch):
     assert parent_got == ["to parent"]
 
 
+@survives_worker_death
 def test_peer_death_unblocks_recv(cluster, launch):
     g = launch(Peer, placement=NodePlacementStrategy([0, 0, 0]), name="dying")
     pids = g.pid().wait()

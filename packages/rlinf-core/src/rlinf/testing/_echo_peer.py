@@ -14,28 +14,30 @@ import sys
 import threading
 
 
+def echo_serve(link, hello) -> None:
+    """``on_accept`` of an echo peer: echo every message on ``link`` from a thread of its own."""
+
+    def loop():
+        while True:
+            try:
+                raw, frames = link.recv(None)
+            except Exception:
+                return
+            first = bytes(frames[0]) if frames else b""
+            if first == b"die":
+                os._exit(17)
+            if first == b"hold":
+                return
+            link.send([bytes(hello)] + list(frames) if first == b"hello?" else frames, None, raw=raw)
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
 def main() -> None:
     from rlinf.scheduler.plugins import get_registry
 
     transport = get_registry().transport(sys.argv[1]).descriptor.factory()
-
-    def serve(link, hello):
-        def loop():
-            while True:
-                try:
-                    raw, frames = link.recv(None)
-                except Exception:
-                    return
-                first = bytes(frames[0]) if frames else b""
-                if first == b"die":
-                    os._exit(17)
-                if first == b"hold":
-                    return
-                link.send([bytes(hello)] + list(frames) if first == b"hello?" else frames, None, raw=raw)
-
-        threading.Thread(target=loop, daemon=True).start()
-
-    endpoint = transport.listen(serve, "127.0.0.1")
+    endpoint = transport.listen(echo_serve, "127.0.0.1")
     print(json.dumps(endpoint), flush=True)
     sys.stdin.read()  # until the test closes our stdin
     os._exit(0)

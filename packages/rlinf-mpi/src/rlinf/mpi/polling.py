@@ -1,10 +1,11 @@
 """Bounded waits on MPI requests without MPI's blocking calls.
 
 A blocking ``MPI_Wait`` can neither time out nor notice a peer that is gone,
-and MPICH busy-polls a core while in it.  Every wait here tests the request,
-spins for at most ``RLINF_SPIN_US`` microseconds (latency), then sleeps in
-growing steps up to ``MAX_SLEEP`` (CPU), and raises ``TimeoutError`` at its
-deadline.
+and MPICH busy-polls a core for as long as it waits.  Every wait here tests
+the request, spins for at most ``RLINF_MPI_SPIN_US`` microseconds (latency:
+MPI's own round trips take microseconds, a sleep takes a scheduler tick),
+then sleeps in growing steps up to ``MAX_SLEEP`` (CPU), and raises
+``TimeoutError`` at its deadline.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import os
 import time
 from typing import Callable, Optional
 
-SPIN_ENV = "RLINF_SPIN_US"
-DEFAULT_SPIN_US = 50.0
+SPIN_ENV = "RLINF_MPI_SPIN_US"
+DEFAULT_SPIN_US = 2000.0
 #: longest sleep between two tests of a request
 MAX_SLEEP = 0.001
 _FIRST_SLEEP = 0.00002
@@ -75,4 +76,6 @@ def wait_requests(requests: list, deadline: Optional[float], what: str = "deadli
         return
     from mpi4py import MPI
 
-    wait_for(lambda: MPI.Request.Testall(requests), deadline, what, alive)
+    testall = MPI.Request.Testall
+    if not testall(requests):
+        wait_for(lambda: testall(requests), deadline, what, alive)

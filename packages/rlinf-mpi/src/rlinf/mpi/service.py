@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import pickle
+import struct
 import threading
 import time
 import traceback
@@ -33,6 +34,7 @@ log = logging.getLogger("rlinf.mpi")
 TAG_REQUEST = 1
 TAG_REPLY = 2
 TAG_HELLO = 1  # on the data communicator
+_LISTENER = struct.Struct("<Q")
 #: seconds to finish receiving a message once it has been matched
 RECEIVE_LIMIT = 120.0
 
@@ -81,7 +83,8 @@ class Service:
         self._pending: dict[int, Future] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._on_hello: Optional[Callable[[int, bytes], None]] = None
+        self._listeners: dict[int, Callable[[int, bytes], None]] = {}
+        self._listener_ids = itertools.count(1)
         self._tasks: list[Callable[[], bool]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rlinf-mpi-service", daemon=True)
@@ -91,11 +94,24 @@ class Service:
     def handle(self, op: str, handler: Callable) -> None:
         self._handlers[op] = handler
 
-    def on_hello(self, callback: Optional[Callable[[int, bytes], None]]) -> None:
-        self._on_hello = callback
+    def add_listener(self, callback: Callable[[int, bytes], None]) -> int:
+        """Route hellos addressed to the returned listener id to ``callback(source, hello)``."""
+        with self._lock:
+            listener = next(self._listener_ids)
+            self._listeners[listener] = callback
+            return listener
 
-    def on_hello_is(self, callback) -> bool:
-        return self._on_hello == callback
+    def remove_listener(self, listener: int) -> None:
+        with self._lock:
+            self._listeners.pop(listener, None)
+
+    def _dispatch_hello(self, source: int, data: bytes) -> None:
+        (listener,) = _LISTENER.unpack_from(data, 0)
+        callback = self._listeners.get(listener)
+        if callback is None:
+            log.warning("rank %d: a hello from rank %d for listener %d, which is closed", self._world.rank, source, listener)
+            return
+        callback(source, data[_LISTENER.size:])
 
     def add_task(self, task: Callable[[], bool]) -> None:
         """Run ``task()`` on every turn of the loop; it returns whether it did work."""
@@ -195,11 +211,11 @@ class Service:
                 self._dispatch_request(status.Get_source(), data)
             else:
                 self._dispatch_reply(data)
-        if self._on_hello is not None:
+        if self._listeners:
             message = self._world.data.Improbe(MPI.ANY_SOURCE, TAG_HELLO, status)
             if message is not None:
                 busy = True
-                self._on_hello(status.Get_source(), bytes(_receive_matched(message, status)))
+                self._dispatch_hello(status.Get_source(), bytes(_receive_matched(message, status)))
         for task in self._tasks:
             busy = task() or busy
         return busy

@@ -41,6 +41,17 @@ DRAIN_DELAY = 0.02
 READ_AHEAD_BYTES = 64 << 20
 _TAG_BASE = 16
 _link_ids = itertools.count(1)
+_SIZES = [struct.Struct("<" + "Q" * n) for n in range(8)]
+_BYTE = None
+_Status = None
+
+
+def _load_mpi() -> None:
+    global _BYTE, _Status
+    if _BYTE is None:
+        from mpi4py import MPI
+
+        _BYTE, _Status = MPI.BYTE, MPI.Status
 
 
 def job_id(world: runtime.World) -> str:
@@ -70,6 +81,7 @@ class MpiLink(Link):
         self._open = True
         self._peer_closed = False
         self._keep: list = []  # buffers of sends abandoned midway: MPI may still read them
+        _load_mpi()
         service().add_task(self._read_ahead)
 
     def _alive(self) -> bool:
@@ -86,22 +98,25 @@ class MpiLink(Link):
 
     # -- sending ---------------------------------------------------------------------
     def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
-        from mpi4py import MPI
-
-        self._check_open()
+        if self._peer_closed or not self._open:
+            self._check_open()
         sizes = [_nbytes(f) for f in frames]
         total = sum(sizes)
         inline = total <= INLINE_MAX
         flags = (FLAG_RAW if raw else 0) | (FLAG_INLINE if inline else 0)
-        head = _HEAD.pack(flags, len(frames)) + b"".join(_SIZE.pack(n) for n in sizes)
+        head = _HEAD.pack(flags, len(frames)) + _SIZES[len(sizes)].pack(*sizes) if len(sizes) < 8 else (
+            _HEAD.pack(flags, len(frames)) + b"".join(_SIZE.pack(n) for n in sizes))
+        comm, peer, tag = self._comm, self.peer, self._send_tag
         with self._send_lock:
             if inline:
                 message = b"".join([head, *frames])
-                requests = [self._comm.Isend([message, MPI.BYTE], self.peer, self._send_tag)]
-                keep = [message]
+                request = comm.Isend([message, _BYTE], peer, tag)
+                if request.Test():  # small messages are buffered by MPI at once
+                    return
+                requests, keep = [request], [message]
             else:
-                requests = [self._comm.Isend([head, MPI.BYTE], self.peer, self._send_tag)]
-                requests += [self._comm.Isend([f, MPI.BYTE], self.peer, self._send_tag) for f, n in zip(frames, sizes) if n]
+                requests = [comm.Isend([head, _BYTE], peer, tag)]
+                requests += [comm.Isend([f, _BYTE], peer, tag) for f, n in zip(frames, sizes) if n]
                 keep = [head, *frames]
             try:
                 wait_requests(requests, deadline, "the receiver did not take the message", self._alive)
@@ -112,16 +127,20 @@ class MpiLink(Link):
 
     # -- receiving -------------------------------------------------------------------
     def _match(self, deadline: Optional[float]):
-        from mpi4py import MPI
-
-        status = MPI.Status()
+        """The next message's MPI handle and status, or (None, None) when one was read ahead."""
+        status = _Status()
+        comm, peer, tag = self._comm, self.peer, self._recv_tag
+        if not self._ahead:
+            message = comm.Improbe(peer, tag, status)
+            if message is not None:
+                return message, status
 
         def probe():
             if self._ahead:
                 return True
             if not self._open:
                 raise ConnectionError("the link was closed")
-            return self._comm.Improbe(self.peer, self._recv_tag, status)
+            return comm.Improbe(peer, tag, status)
 
         message = wait_for(probe, deadline, "no message from the peer", self._alive)
         if message is True:
@@ -130,16 +149,20 @@ class MpiLink(Link):
 
     def _receive_head(self, message, status, deadline):
         """Receive a matched header message: (flags, sizes, inline bytes or None)."""
-        from mpi4py import MPI
-
-        buf = _empty(status.Get_count(MPI.BYTE))
-        wait_requests([message.Irecv([buf, MPI.BYTE])], deadline, "the message did not arrive", self._alive)
-        flags, count = _HEAD.unpack_from(buf, 0)
-        sizes = [_SIZE.unpack_from(buf, _HEAD.size + 8 * i)[0] for i in range(count)]
+        count = status.Get_count(_BYTE)
+        if count <= INLINE_MAX + 4096:
+            buf = bytearray(count)
+            message.Recv([buf, _BYTE])  # matched and small: its bytes are here already
+        else:
+            buf = _empty(count)
+            wait_requests([message.Irecv([buf, _BYTE])], deadline, "the message did not arrive", self._alive)
+        flags, nframes = _HEAD.unpack_from(buf, 0)
+        sizes = list(_SIZES[nframes].unpack_from(buf, _HEAD.size)) if nframes < 8 else [
+            _SIZE.unpack_from(buf, _HEAD.size + 8 * i)[0] for i in range(nframes)]
         if flags & FLAG_CLOSE:
             self._peer_closed = True
             raise ConnectionError(f"MPI rank {self.peer} closed the link (its worker stopped)")
-        offset = _HEAD.size + 8 * count
+        offset = _HEAD.size + 8 * nframes
         return flags, sizes, (memoryview(buf)[offset:] if flags & FLAG_INLINE else None)
 
     def _receive_frames(self, flags, sizes, body, targets, deadline) -> None:
@@ -180,7 +203,8 @@ class MpiLink(Link):
         return flags, buffers
 
     def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
-        self._check_open()
+        if self._peer_closed or not self._open:
+            self._check_open()
         with self._recv_lock:
             flags, buffers = self._next_message(deadline)
         return bool(flags & FLAG_RAW), [memoryview(b) if isinstance(b, np.ndarray) else b for b in buffers]
@@ -285,11 +309,12 @@ class MpiTransport(Transport):
         self._world = runtime.world()
         self._links: list[MpiLink] = []
         self._on_accept: Optional[Callable] = None
+        self._listener: Optional[int] = None
 
     def listen(self, on_accept, local_ip: str) -> dict:
         self._on_accept = on_accept
-        service().on_hello(self._accept)
-        return {"job": job_id(self._world), "rank": self._world.rank}
+        self._listener = service().add_listener(self._accept)
+        return {"job": job_id(self._world), "rank": self._world.rank, "listener": self._listener}
 
     def _accept(self, source: int, data: bytes) -> None:
         (link_id,) = struct.unpack_from("<Q", data, 0)
@@ -308,7 +333,8 @@ class MpiTransport(Transport):
         link_id = next(_link_ids)
         tag = _TAG_BASE + 2 * link_id
         link = MpiLink(self._world, peer, send_tag=tag, recv_tag=tag + 1)
-        send_bytes(self._world.data, struct.pack("<Q", link_id) + hello, peer, TAG_HELLO, deadline)
+        address = struct.pack("<QQ", int(endpoint["listener"]), link_id)
+        send_bytes(self._world.data, address + hello, peer, TAG_HELLO, deadline)
         self._links.append(link)
         return link
 
@@ -316,8 +342,9 @@ class MpiTransport(Transport):
         return endpoint.get("job") != job_id(self._world) or rank_alive(int(endpoint["rank"]))
 
     def close(self) -> None:
-        if service().on_hello_is(self._accept):
-            service().on_hello(None)
+        if self._listener is not None:
+            service().remove_listener(self._listener)
+            self._listener = None
         for link in self._links:
             link.close()
         self._links.clear()

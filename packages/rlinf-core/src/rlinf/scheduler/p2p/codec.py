@@ -100,8 +100,32 @@ class _Pickler(cloudpickle.Pickler):
         return _rebuild_tensor, (dtype_name, tuple(cpu.shape), device, bool(tensor.requires_grad), pickle.PickleBuffer(tensor_bytes(cpu)))
 
 
+_SCALARS = frozenset((str, int, float, bool, type(None), complex))
+#: plain data bigger than this goes through the full pickler (large bytes travel out of band there)
+_PLAIN_LIMIT = 64
+
+
+def _is_plain(obj, depth: int = 0) -> bool:
+    """Small builtin data (scalars, short str/bytes, small lists/tuples/dicts of them)."""
+    kind = type(obj)
+    if kind in _SCALARS:
+        return kind is not str or len(obj) <= 4096
+    if kind is bytes:
+        return len(obj) <= 4096
+    if depth >= 3:
+        return False
+    if kind is dict:
+        return len(obj) <= _PLAIN_LIMIT and all(
+            type(k) in _SCALARS and _is_plain(v, depth + 1) for k, v in obj.items())
+    if kind is list or kind is tuple:
+        return len(obj) <= _PLAIN_LIMIT and all(_is_plain(v, depth + 1) for v in obj)
+    return False
+
+
 def encode(obj: Any, device_hook: Optional[Callable] = None) -> tuple[bytes, list]:
     """Pickle ``obj``; return the pickle stream and the out-of-band buffers."""
+    if _is_plain(obj):  # the common small message: the C pickler alone is several times faster
+        return pickle.dumps(obj, protocol=5), []
     buffers: list = []
     stream = io.BytesIO()
     _Pickler(stream, buffers, device_hook).dump(obj)

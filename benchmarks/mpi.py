@@ -1,0 +1,173 @@
+"""MPI: rlinf send/recv and send_tensor/recv_tensor over the MPI transport against
+raw mpi4py between the same two ranks, in one run.
+
+    hatch run bench mpi          # starts: mpiexec -n 3 python -m rlinf.mpi benchmarks/mpi.py --inside
+
+Rank 0 drives; ranks 1 and 2 host the two workers, which measure both our API
+and raw mpi4py (``comm.send``/``comm.recv`` for the small object,
+``Send``/``Recv`` into a preallocated buffer for tensors) between themselves.
+Targets: small round trip at most 3x raw; 256 MiB one-way at least 0.85x raw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+MiB = 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _peer_class():
+    from rlinf.scheduler import Worker
+
+    class MpiBenchPeer(Worker):
+        def __init__(self):
+            super().__init__()
+            from rlinf.mpi.runtime import world
+
+            self.peer = 1 - self._rank
+            self.name = self.worker_group_name
+            self.mpi_rank = world().rank
+            self.comm = None
+
+        def connect_raw(self):
+            """A communicator of just these two ranks, so raw mpi4py traffic never meets rlinf's."""
+            from rlinf.mpi.runtime import world
+
+            self.send(self.mpi_rank, self.name, self.peer)
+            peer_mpi = self.recv(self.name, self.peer)
+            w = world().comm
+            pair = sorted((self.mpi_rank, peer_mpi))
+            self.comm = w.Create_group(w.Get_group().Incl(pair))
+            self.peer_mpi = 1 - pair.index(self.mpi_rank)
+
+        def pingpong(self, n, raw):
+            msg = {"step": 0, "reward": 0.5, "done": False, "info": "ok"}
+            one = self._raw_pp if raw else self._pp
+            for _ in range(50):
+                one(msg)
+            start = time.perf_counter()
+            for _ in range(n):
+                one(msg)
+            return (time.perf_counter() - start) / n
+
+        def _pp(self, msg):
+            if self._rank == 0:
+                self.send(msg, self.name, 1)
+                self.recv(self.name, 1)
+            else:
+                self.send(self.recv(self.name, 0), self.name, 0)
+
+        def _raw_pp(self, msg):
+            if self._rank == 0:
+                self.comm.send(msg, dest=self.peer_mpi)
+                self.comm.recv(source=self.peer_mpi)
+            else:
+                self.comm.send(self.comm.recv(source=self.peer_mpi), dest=self.peer_mpi)
+
+        def stream(self, nbytes, k, how):
+            """One-way bandwidth: k messages, then an ack; ``how``: raw, send_tensor or send."""
+            import torch
+
+            n = nbytes // 4
+            t = torch.ones(n) if self._rank == 0 else torch.empty(n)
+            for _ in range(2):
+                self._move(t, how)
+            self._ack(how)
+            start = time.perf_counter()
+            for _ in range(k):
+                self._move(t, how)
+            self._ack(how)
+            return nbytes * k / (time.perf_counter() - start) if self._rank == 0 else None
+
+        def _move(self, t, how):
+            if how == "raw":
+                if self._rank == 0:
+                    self.comm.Send(t.numpy(), dest=self.peer_mpi)
+                else:
+                    self.comm.Recv(t.numpy(), source=self.peer_mpi)
+            elif how == "send_tensor":
+                if self._rank == 0:
+                    self.send_tensor(t, self.name, 1)
+                else:
+                    self.recv_tensor(t, self.name, 0)
+            elif self._rank == 0:
+                self.send(t, self.name, 1)
+            else:
+                self.recv(self.name, 0)
+
+        def _ack(self, how):
+            if how == "raw":
+                if self._rank == 0:
+                    self.comm.recv(source=self.peer_mpi)
+                else:
+                    self.comm.send("ack", dest=self.peer_mpi)
+            elif self._rank == 0:
+                self.recv(self.name, 1)
+            else:
+                self.send("ack", self.name, 0)
+
+    return MpiBenchPeer
+
+
+def inside(args) -> None:
+    sys.path.insert(0, HERE)
+    from common import print_table, save_bar_plot
+
+    from rlinf.scheduler import Cluster, NodePlacementStrategy
+
+    cluster = Cluster()
+    group = _peer_class().create_group().launch(cluster, NodePlacementStrategy([0, 0]), name="bench_mpi")
+    group.connect_raw().wait()
+
+    def best(fn, better):
+        return better(fn() for _ in range(args.rounds))
+
+    rtt_ours = best(lambda: group.pingpong(args.pingpongs, False).wait()[0], min)
+    rtt_raw = best(lambda: group.pingpong(args.pingpongs, True).wait()[0], min)
+    rows = [["small dict round trip (us)", f"{rtt_ours * 1e6:.1f}", "", f"{rtt_raw * 1e6:.1f}",
+             f"{rtt_ours / rtt_raw:.2f}x raw (target <= 3)"]]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    bw = {}
+    for size in sizes:
+        k = max(3, min(50, 512 // size))
+        nbytes = size * MiB
+        bw[size] = {how: best(lambda: group.stream(nbytes, k, how).wait()[0], max) for how in ("send_tensor", "send", "raw")}
+        b = bw[size]
+        rows.append([f"{size} MiB one-way (GB/s)", f"{b['send_tensor'] / 1e9:.2f}", f"{b['send'] / 1e9:.2f}",
+                     f"{b['raw'] / 1e9:.2f}",
+                     f"send_tensor {b['send_tensor'] / b['raw']:.2f}x raw, send {b['send'] / b['raw']:.2f}x raw"
+                     + (" (target >= 0.85)" if size == 256 else "")])
+    print_table("rlinf over MPI against raw mpi4py, two worker ranks on this machine (best of rounds)",
+                ["measure", "rlinf send_tensor", "rlinf send", "raw mpi4py", "ratio"], rows)
+    save_bar_plot("mpi", "One-way bandwidth over MPI by tensor size", [f"{s} MiB" for s in sizes],
+                  {n: [bw[s][k] / 1e9 for s in sizes] for n, k in
+                   (("rlinf send_tensor", "send_tensor"), ("rlinf send", "send"), ("raw mpi4py Send/Recv", "raw"))},
+                  "GB/s")
+    group.stop()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="1,64,256", help="tensor sizes in MiB")
+    parser.add_argument("--pingpongs", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.inside:
+        inside(args)
+        return
+    env = dict(os.environ, UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"))
+    bindir = os.path.dirname(sys.executable)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    cmd = ["mpiexec", "-n", "3", sys.executable, "-m", "rlinf.mpi", os.path.abspath(__file__), "--inside",
+           "--sizes", args.sizes, "--pingpongs", str(args.pingpongs), "--rounds", str(args.rounds)]
+    sys.exit(subprocess.run(cmd, env=env, timeout=900).returncode)
+
+
+if __name__ == "__main__":
+    main()
