@@ -170,8 +170,8 @@ class WorkerHost:
         from .group import stop_launched_groups
         from .p2p.communicator import close_local_communicator
 
+        stop_launched_groups()  # first: the worker object may hold the only reference to them
         self._instance = None
-        stop_launched_groups()
         forget_process_channels()
         close_local_communicator()
         dist = sys.modules.get("torch.distributed")

@@ -35,6 +35,9 @@ TAG_REQUEST = 1
 TAG_REPLY = 2
 TAG_HELLO = 1  # on the data communicator
 _LISTENER = struct.Struct("<Q")
+#: seconds without traffic after which the loop polls every IDLE_SLEEP seconds
+IDLE_AFTER = 0.5
+IDLE_SLEEP = 0.005
 #: seconds to finish receiving a message once it has been matched
 RECEIVE_LIMIT = 120.0
 
@@ -222,6 +225,7 @@ class Service:
 
     def _loop(self) -> None:
         sleep = MAX_SLEEP
+        last_busy = time.monotonic()
         while not self._stop.is_set():
             try:
                 busy = self._poll_once()
@@ -230,9 +234,12 @@ class Service:
                 busy = False
             if busy:
                 sleep = 0.00002
+                last_busy = time.monotonic()
                 continue
             time.sleep(sleep)
-            sleep = min(sleep * 2, MAX_SLEEP)
+            # a rank idle for a while polls less often: many idle ranks must not eat the node's cores
+            idle_limit = IDLE_SLEEP if time.monotonic() - last_busy > IDLE_AFTER else MAX_SLEEP
+            sleep = min(sleep * 2, idle_limit)
 
     def stop(self) -> None:
         self._stop.set()
