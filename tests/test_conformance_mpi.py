@@ -67,3 +67,22 @@ class TestMpiLauncher(LauncherConformance):
 
     def test_killed_worker_is_reported(self):
         pytest.skip(MPI_ENDS_JOB)
+
+
+class ChannelUser(Worker):
+    def put_and_report(self, ch, item):
+        ch.put(item)
+        return type(ch._client()._link).__module__
+
+
+def test_channels_and_point_to_point_travel_over_mpi(cluster):
+    from rlinf.scheduler import Channel
+
+    ch = Channel.create("over_mpi")
+    g = ChannelUser.create_group().launch(cluster, NodePlacementStrategy([0]), name="chan_over_mpi")
+    try:
+        assert g.put_and_report(ch, {"x": 1}).wait() == ["rlinf.mpi.transport"]
+        assert ch.get(timeout=30) == {"x": 1}
+        assert type(ch._client()._link).__module__ == "rlinf.mpi.transport"  # the driver's connection too
+    finally:
+        g.stop()

@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -209,13 +210,16 @@ def finalize() -> None:
     finalizes (which waits for the other ranks to finalize too).
     """
     from . import service as service_module
+    from .transport import close_all_links
 
     if _world is None:
         return
+    close_all_links()
     svc = service_module.current()
     if svc is not None:
         svc.stop()
     from mpi4py import MPI
 
+    time.sleep(0.01)  # threads waiting on a link see it closed at their next test
     if not MPI.Is_finalized():
         MPI.Finalize()

@@ -23,6 +23,7 @@ import os
 import struct
 import threading
 import time
+import weakref
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -41,6 +42,7 @@ DRAIN_DELAY = 0.02
 READ_AHEAD_BYTES = 64 << 20
 _TAG_BASE = 16
 _link_ids = itertools.count(1)
+_live_links: "weakref.WeakSet[MpiLink]" = weakref.WeakSet()
 _SIZES = [struct.Struct("<" + "Q" * n) for n in range(8)]
 _BYTE = None
 _Status = None
@@ -83,6 +85,7 @@ class MpiLink(Link):
         self._keep: list = []  # buffers of sends abandoned midway: MPI may still read them
         _load_mpi()
         service().add_task(self._read_ahead)
+        _live_links.add(self)
 
     def _alive(self) -> bool:
         return rank_alive(self.peer)
@@ -349,3 +352,9 @@ class MpiTransport(Transport):
             link.close()
         self._links.clear()
 
+
+
+def close_all_links() -> None:
+    """Before ``MPI_Finalize``: close every link, so no thread is left waiting in MPI."""
+    for link in list(_live_links):
+        link._open = False

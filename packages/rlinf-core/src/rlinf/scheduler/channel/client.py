@@ -39,7 +39,10 @@ class ChannelClient:
     def connect(cls, channel: str, host_name: str, record) -> "ChannelClient":
         from ..plugins import get_registry
 
-        entry = get_registry().transport("cpu" if "cpu" in record.endpoints else None, "cpu")
+        registry = get_registry()
+        entry = registry.transport(None, "cpu")  # this process's default, if the host offers it
+        if entry.name not in record.endpoints and "cpu" in record.endpoints:
+            entry = registry.transport("cpu", "cpu")
         endpoint = record.endpoints.get(entry.name)
         if endpoint is None:
             raise CommunicationError(f"the host of channel {channel!r} offers no transport this process can use "
