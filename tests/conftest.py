@@ -25,13 +25,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 import pytest
 
 
-TEST_LAUNCHER = os.environ.get("RLINF_TEST_LAUNCHER", "ray")
-#: skip reason for tests that kill a worker process: MPI ends the whole job when a rank dies
-MPI_ENDS_JOB = "under mpiexec a rank that dies ends the whole MPI job (tested in tests/test_mpi.py)"
-needs_ray = pytest.mark.skipif(TEST_LAUNCHER != "ray", reason="tests the Ray launcher or Ray itself")
-survives_worker_death = pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason=MPI_ENDS_JOB)
-cpu_transport_internals = pytest.mark.skipif(
-    TEST_LAUNCHER == "mpi", reason="inspects the cpu transport's internals; under MPI workers talk over the mpi transport")
+from launcher_marks import TEST_LAUNCHER
 
 
 @pytest.fixture(scope="session")

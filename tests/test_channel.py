@@ -13,7 +13,7 @@ from rlinf.scheduler import Channel, CommunicationError, NodePlacementStrategy, 
 from rlinf.scheduler.channel.channel import _hosts
 
 from p2p_helpers import Peer, await_with_ticker, run_on
-from conftest import survives_worker_death
+from launcher_marks import survives_worker_death
 
 
 @pytest.fixture(scope="module")

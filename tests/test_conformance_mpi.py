@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from conftest import MPI_ENDS_JOB, TEST_LAUNCHER
+from launcher_marks import MPI_ENDS_JOB, TEST_LAUNCHER
 from rlinf.scheduler import NodePlacementStrategy, Worker
 from rlinf.testing import LauncherConformance, TransportConformance
 

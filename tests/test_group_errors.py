@@ -19,7 +19,7 @@ from rlinf.scheduler import (
     WorkerMethodError,
 )
 
-from conftest import survives_worker_death
+from launcher_marks import survives_worker_death
 
 
 class Faulty(Worker):

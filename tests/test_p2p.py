@@ -18,7 +18,7 @@ from rlinf.scheduler import (
 )
 
 from p2p_helpers import Peer, await_with_ticker, link_to, run_on, ship
-from conftest import cpu_transport_internals, survives_worker_death
+from launcher_marks import cpu_transport_internals, survives_worker_death
 
 
 @pytest.fixture(scope="module")

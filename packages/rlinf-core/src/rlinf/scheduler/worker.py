@@ -21,6 +21,19 @@ if TYPE_CHECKING:
     from .p2p.options import CollectiveGroupOptions
 
 
+_api = None
+
+
+def _p2p():
+    """The point-to-point module, imported on first use (driver processes never need it)."""
+    global _api
+    if _api is None:
+        from .p2p import api
+
+        _api = api
+    return _api
+
+
 class Worker:
     """A remote process that runs the methods of a worker group."""
 
@@ -88,9 +101,7 @@ class Worker:
         timeout: Optional[float] = None,
     ):
         """Send any picklable object; tensors inside travel as raw bytes."""
-        from .p2p.api import send
-
-        return send(object, dst_group_name, dst_rank, async_op=async_op, options=options, timeout=timeout)
+        return _p2p().send(object, dst_group_name, dst_rank, async_op=async_op, options=options, timeout=timeout)
 
     def recv(
         self,
@@ -101,9 +112,7 @@ class Worker:
         timeout: Optional[float] = None,
     ):
         """Receive the next object the source sent to this worker."""
-        from .p2p.api import recv
-
-        return recv(src_group_name, src_rank, async_op=async_op, options=options, timeout=timeout)
+        return _p2p().recv(src_group_name, src_rank, async_op=async_op, options=options, timeout=timeout)
 
     def send_tensor(
         self,
@@ -115,9 +124,7 @@ class Worker:
         timeout: Optional[float] = None,
     ):
         """Send one contiguous tensor with no metadata; the receiver preallocates."""
-        from .p2p.api import send_tensor
-
-        return send_tensor(tensor, dst_group_name, dst_rank, async_op=async_op, options=options, timeout=timeout)
+        return _p2p().send_tensor(tensor, dst_group_name, dst_rank, async_op=async_op, options=options, timeout=timeout)
 
     def recv_tensor(
         self,
@@ -129,9 +136,7 @@ class Worker:
         timeout: Optional[float] = None,
     ):
         """Fill ``tensor`` in place with the next tensor the source sent with ``send_tensor``."""
-        from .p2p.api import recv_tensor
-
-        return recv_tensor(tensor, src_group_name, src_rank, async_op=async_op, options=options, timeout=timeout)
+        return _p2p().recv_tensor(tensor, src_group_name, src_rank, async_op=async_op, options=options, timeout=timeout)
 
     def broadcast(
         self,
@@ -143,9 +148,7 @@ class Worker:
         timeout: Optional[float] = None,
     ):
         """Every listed worker calls this; the source's object is returned everywhere."""
-        from .p2p.api import broadcast
-
-        return broadcast(object, groups=groups, src=src, async_op=async_op, options=options, timeout=timeout)
+        return _p2p().broadcast(object, groups=groups, src=src, async_op=async_op, options=options, timeout=timeout)
 
     # -- channels -----------------------------------------------------------------
     def create_channel(self, name: Optional[str] = None, node_id: Optional[int] = None, maxsize: int = 0, **aliases):

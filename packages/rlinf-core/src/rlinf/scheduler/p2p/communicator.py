@@ -25,6 +25,7 @@ from .. import config, context
 from ..address import WorkerAddress
 from ..errors import CommTimeoutError, CommunicationError, PeerDiedError
 from ..plugins import get_registry
+from . import codec
 from .async_work import AsyncWork
 from .ordering import SerialRunner, Turnstile
 from .transport import Link, Transport
@@ -124,7 +125,7 @@ class Communicator:
             return f"worker {peer.get_name()!r}"
 
     def transport_name(self, requested: Optional[str]) -> str:
-        key = (requested, None if requested is not None else os.environ.get(config.TRANSPORT_ENV))
+        key = (requested, None if requested is not None else config.getenv(config.TRANSPORT_ENV))
         name = self._transport_names.get(key)
         if name is None:
             name = self._transport_names[key] = self._resolve_transport(requested)
@@ -282,8 +283,6 @@ class Communicator:
         return guarded()
 
     def send_object(self, obj: Any, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
-        from . import codec
-
         transport = self.transport_name(transport)
         try:
             header, buffers = codec.encode(obj)
@@ -302,8 +301,6 @@ class Communicator:
         return result
 
     def recv_object(self, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
-        from . import codec
-
         transport = self.transport_name(transport)
         pair = self._pair(self._in, peer.get_name())
 
