@@ -10,9 +10,10 @@ then sleeps in growing steps up to ``MAX_SLEEP`` (CPU), and raises
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable, Optional
+
+from rlinf.scheduler.config import getenv
 
 SPIN_ENV = "RLINF_MPI_SPIN_US"
 DEFAULT_SPIN_US = 2000.0
@@ -24,7 +25,7 @@ _spin_cache: dict = {}
 
 
 def spin_seconds() -> float:
-    raw = os.environ.get(SPIN_ENV)
+    raw = getenv(SPIN_ENV)
     value = _spin_cache.get(raw)
     if value is None:
         try:

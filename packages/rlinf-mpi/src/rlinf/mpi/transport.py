@@ -84,6 +84,7 @@ class MpiLink(Link):
         self._peer_closed = False
         self._keep: list = []  # buffers of sends abandoned midway: MPI may still read them
         _load_mpi()
+        self._status = _Status()
         service().add_task(self._read_ahead)
         _live_links.add(self)
 
@@ -130,8 +131,10 @@ class MpiLink(Link):
 
     # -- receiving -------------------------------------------------------------------
     def _match(self, deadline: Optional[float]):
-        """The next message's MPI handle and status, or (None, None) when one was read ahead."""
-        status = _Status()
+        """The next message's MPI handle and status, or (None, None) when one was read ahead.
+
+        Called with the receive lock held, so the link's one status object is safe to reuse."""
+        status = self._status
         comm, peer, tag = self._comm, self.peer, self._recv_tag
         if not self._ahead:
             message = comm.Improbe(peer, tag, status)
@@ -210,6 +213,8 @@ class MpiLink(Link):
             self._check_open()
         with self._recv_lock:
             flags, buffers = self._next_message(deadline)
+        if flags & FLAG_INLINE:
+            return bool(flags & FLAG_RAW), buffers
         return bool(flags & FLAG_RAW), [memoryview(b) if isinstance(b, np.ndarray) else b for b in buffers]
 
     def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:

@@ -257,30 +257,32 @@ class Communicator:
     def _run(self, pair: _Pair, op: Callable, async_op: bool, what: str, peer: WorkerAddress, timeout: float):
         ticket = pair.turnstile.take()
         deadline = time.monotonic() + timeout
-
-        def guarded():
-            try:
-                pair.turnstile.wait_turn(ticket, deadline)
-                return op(deadline)
-            except CommunicationError:
-                raise
-            except TimeoutError as exc:
-                detail = str(exc)
-                detail = f" ({detail})" if detail and detail not in ("deadline passed", "timed out") else ""
-                raise CommTimeoutError(
-                    f"{self.name}: {what} {self._describe(peer)} timed out after {timeout:g} s{detail}",
-                    peer=peer.get_name(),
-                ) from None
-            except (ConnectionError, OSError) as exc:
-                raise PeerDiedError(
-                    f"{self.name}: {what} {self._describe(peer)} failed: {exc}", peer=peer.get_name()
-                ) from None
-            finally:
-                pair.turnstile.done(ticket)
-
         if async_op:
-            return AsyncWork(pair.serial().submit(guarded), f"{what} {peer.get_name()!r}")
-        return guarded()
+            return AsyncWork(pair.serial().submit(lambda: self._guarded(pair, ticket, op, deadline, what, peer, timeout)),
+                             f"{what} {peer.get_name()!r}")
+        return self._guarded(pair, ticket, op, deadline, what, peer, timeout)
+
+    def _guarded(self, pair: _Pair, ticket: int, op: Callable, deadline: float, what: str, peer: WorkerAddress,
+                 timeout: float):
+        """Run ``op`` in its turn; turn transport failures into errors that name the peer."""
+        try:
+            pair.turnstile.wait_turn(ticket, deadline)
+            return op(deadline)
+        except CommunicationError:
+            raise
+        except TimeoutError as exc:
+            detail = str(exc)
+            detail = f" ({detail})" if detail and detail not in ("deadline passed", "timed out") else ""
+            raise CommTimeoutError(
+                f"{self.name}: {what} {self._describe(peer)} timed out after {timeout:g} s{detail}",
+                peer=peer.get_name(),
+            ) from None
+        except (ConnectionError, OSError) as exc:
+            raise PeerDiedError(
+                f"{self.name}: {what} {self._describe(peer)} failed: {exc}", peer=peer.get_name()
+            ) from None
+        finally:
+            pair.turnstile.done(ticket)
 
     def send_object(self, obj: Any, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
         transport = self.transport_name(transport)

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 class Turnstile:
     def __init__(self):
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())  # a plain lock: cheaper than the default RLock
         self._next = 0
         self._serving = 0
         self._abandoned: set[int] = set()
