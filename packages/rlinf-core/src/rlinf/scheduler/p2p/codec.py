@@ -114,11 +114,23 @@ def _is_plain(obj, depth: int = 0) -> bool:
         return len(obj) <= 4096
     if depth >= 3:
         return False
+    scalars = _SCALARS
     if kind is dict:
-        return len(obj) <= _PLAIN_LIMIT and all(
-            type(k) in _SCALARS and _is_plain(v, depth + 1) for k, v in obj.items())
+        if len(obj) > _PLAIN_LIMIT:
+            return False
+        for key, value in obj.items():
+            if type(key) not in scalars:
+                return False
+            if (type(value) not in scalars or type(value) is str) and not _is_plain(value, depth + 1):
+                return False
+        return True
     if kind is list or kind is tuple:
-        return len(obj) <= _PLAIN_LIMIT and all(_is_plain(v, depth + 1) for v in obj)
+        if len(obj) > _PLAIN_LIMIT:
+            return False
+        for value in obj:
+            if (type(value) not in scalars or type(value) is str) and not _is_plain(value, depth + 1):
+                return False
+        return True
     return False
 
 

@@ -18,14 +18,15 @@ from typing import Callable, Optional
 
 class Turnstile:
     def __init__(self):
-        self._cond = threading.Condition(threading.Lock())  # a plain lock: cheaper than the default RLock
+        self._lock = threading.Lock()  # taken directly on the fast path; the condition only for waiting
+        self._cond = threading.Condition(self._lock)
         self._next = 0
         self._serving = 0
         self._abandoned: set[int] = set()
         self._waiting = 0
 
     def take(self) -> int:
-        with self._cond:
+        with self._lock:
             ticket = self._next
             self._next += 1
             return ticket
@@ -46,7 +47,7 @@ class Turnstile:
 
     def done(self, ticket: int) -> None:
         """Finish (or abandon, if its turn never came) a ticket."""
-        with self._cond:
+        with self._lock:
             if self._serving != ticket:
                 self._abandoned.add(ticket)
                 return
