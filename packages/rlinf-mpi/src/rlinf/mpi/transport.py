@@ -191,12 +191,7 @@ class MpiLink(Link):
         """(flags, buffers) of the next message, from the read-ahead queue or from MPI."""
         message, status = self._match(deadline)
         if message is None:
-            flags, buffers, size = self._ahead.popleft()
-            self._ahead_bytes -= size
-            if flags & FLAG_CLOSE:
-                self._peer_closed = True
-                raise ConnectionError(f"MPI rank {self.peer} closed the link (its worker stopped)")
-            return flags, buffers
+            return self._pop_ahead()
         flags, sizes, body = self._receive_head(message, status, deadline)
         if body is not None:
             out, pos = [], 0
@@ -221,17 +216,9 @@ class MpiLink(Link):
         self._check_open()
         wanted = [_nbytes(t) for t in targets]
         with self._recv_lock:
-            if self._ahead:
-                flags, buffers = self._next_message(deadline)
-                got = [_nbytes(b) for b in buffers]
-                if got != wanted:
-                    raise ValueError(f"message of {got} bytes per frame, buffers of {wanted}")
-                for target, b in zip(targets, buffers):
-                    memoryview(target).cast("B")[:] = memoryview(b).cast("B")
-                return bool(flags & FLAG_RAW)
             message, status = self._match(deadline)
             if message is None:  # read ahead while we waited
-                return self.recv_into_ahead(targets, wanted)
+                return self._recv_into_ahead(targets, wanted)
             flags, sizes, body = self._receive_head(message, status, deadline)
             if sizes != wanted:
                 self._receive_frames(flags, sizes, body, [_empty(n) for n in sizes], deadline)  # consume it
@@ -239,12 +226,17 @@ class MpiLink(Link):
             self._receive_frames(flags, sizes, body, targets, deadline)
             return bool(flags & FLAG_RAW)
 
-    def recv_into_ahead(self, targets, wanted) -> bool:
+    def _pop_ahead(self) -> tuple:
+        """The oldest message the service thread read ahead: (flags, buffers)."""
         flags, buffers, size = self._ahead.popleft()
         self._ahead_bytes -= size
         if flags & FLAG_CLOSE:
             self._peer_closed = True
             raise ConnectionError(f"MPI rank {self.peer} closed the link (its worker stopped)")
+        return flags, buffers
+
+    def _recv_into_ahead(self, targets, wanted) -> bool:
+        flags, buffers = self._pop_ahead()
         got = [_nbytes(b) for b in buffers]
         if got != wanted:
             raise ValueError(f"message of {got} bytes per frame, buffers of {wanted}")
