@@ -6,7 +6,6 @@ rank, since MPI links only join ranks of one job.
 """
 
 import json
-import threading
 
 import pytest
 

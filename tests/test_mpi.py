@@ -93,7 +93,7 @@ def test_spawn_mode_from_plain_python(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "replies: ['Hello from RecvWorker Rank 0!', 'Hello from RecvWorker Rank 1!']" in proc.stdout
     time.sleep(1.0)
-    assert not leftovers(f"--serve"), "spawned worker ranks outlived their driver"
+    assert not leftovers("--serve"), "spawned worker ranks outlived their driver"
     print(f"spawn mode: {time.monotonic() - start:.1f} s")
 
 

@@ -67,10 +67,6 @@ class Coordinator:
             for rank in ranks:
                 self._owner.pop(rank, None)
 
-    def busy_ranks(self) -> list[int]:
-        with self._lock:
-            return sorted(self._owner)
-
     # -- registry ---------------------------------------------------------------------
     def reserve(self, name: str) -> bool:
         with self._lock:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass

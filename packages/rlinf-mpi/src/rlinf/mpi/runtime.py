@@ -20,8 +20,6 @@ from typing import Optional
 
 #: how many worker ranks a spawning driver starts (default: max(4, CPUs))
 SLOTS_ENV = "RLINF_MPI_SLOTS"
-#: set in every process of a job started by ``python -m rlinf.mpi`` or spawned by a driver
-ROLE_ENV = "RLINF_MPI_ROLE"
 
 
 @dataclass(frozen=True)
@@ -50,9 +48,6 @@ class World:
     @property
     def size(self) -> int:
         return self.comm.Get_size()
-
-    def node_of(self, rank: int) -> int:
-        return self.node_ranks()[self.ranks[rank].hostname]
 
     def node_ranks(self) -> dict[str, int]:
         """Hostname -> node rank: the driver's host is node 0, others by their lowest MPI rank."""
@@ -134,7 +129,6 @@ def init_mpiexec() -> World:
         if _world is None:
             MPI = _mpi()
             _world = _build(MPI.COMM_WORLD, "mpiexec")
-            os.environ[ROLE_ENV] = "driver" if _world.rank == 0 else "worker"
         return _world
 
 
@@ -182,7 +176,6 @@ def init_spawning_driver(slots: int) -> World:
                 f"Start the program with: mpiexec -n N python -m rlinf.mpi program.py"
             ) from None
         _world = _build(inter.Merge(high=False), "spawn")
-        os.environ[ROLE_ENV] = "driver"
         import atexit
 
         atexit.register(finalize)  # after the launcher's own exit handler has released the ranks
@@ -198,7 +191,6 @@ def init_spawned() -> World:
         if parent == MPI.COMM_NULL:
             raise RuntimeError("--serve is for worker ranks spawned by an rlinf driver")
         _world = _build(parent.Merge(high=True), "spawn")
-        os.environ[ROLE_ENV] = "worker"
         return _world
 
 

@@ -130,7 +130,6 @@ class Service:
         """Send a request; the future gets the reply's value or raises its error."""
         fut: Future = Future()
         rid = next(self._ids)
-        fut.rlinf_dest = dest
         with self._lock:
             self._pending[rid] = fut
         try:

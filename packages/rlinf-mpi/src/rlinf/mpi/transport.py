@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import os
 import struct
 import threading
 import time
