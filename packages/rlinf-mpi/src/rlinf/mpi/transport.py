@@ -10,9 +10,10 @@ receives straight into the caller's buffers.
 
 Two ranks that both send a large message before receiving would wait on
 each other (MPI's rendezvous protocol).  The service thread therefore reads
-ahead on links that nobody is receiving on: small messages at once (this is
-also how a link notices that its peer closed it), large ones after
-``DRAIN_DELAY`` seconds unmatched, up to ``READ_AHEAD_BYTES`` per link.
+ahead on links that nobody is receiving on: a message left unmatched for
+``DRAIN_DELAY`` seconds is taken into the link's queue (this is also how a
+link that only sends notices that its peer closed it), up to
+``READ_AHEAD_BYTES`` per link.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from .service import TAG_HELLO, rank_alive, send_bytes, service
 
 _HEAD = struct.Struct("<BH")
 _SIZE = struct.Struct("<Q")
-FLAG_RAW, FLAG_INLINE, FLAG_CLOSE = 1, 2, 4
+FLAG_RAW, FLAG_INLINE, FLAG_CLOSE, FLAG_SINGLE = 1, 2, 4, 8
+#: first byte of a one-frame inline message: the frame follows directly, no count or sizes
+_SINGLE = {False: bytes([FLAG_SINGLE | FLAG_INLINE]), True: bytes([FLAG_SINGLE | FLAG_INLINE | FLAG_RAW])}
 INLINE_MAX = 64 << 10
 DRAIN_DELAY = 0.02
 READ_AHEAD_BYTES = 64 << 20
@@ -103,6 +106,16 @@ class MpiLink(Link):
     def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
         if self._peer_closed or not self._open:
             self._check_open()
+        if len(frames) == 1:  # the common small object: one MPI message, one byte of header
+            frame = frames[0]
+            if (len(frame) if type(frame) is bytes else _nbytes(frame)) <= INLINE_MAX:
+                message = b"".join((_SINGLE[raw], frame))
+                with self._send_lock:
+                    request = self._comm.Isend([message, _BYTE], self.peer, self._send_tag)
+                    if request.Test():  # small messages are buffered by MPI at once
+                        return
+                    self._wait_sent([request], [message], deadline)
+                return
         sizes = [_nbytes(f) for f in frames]
         total = sum(sizes)
         inline = total <= INLINE_MAX
@@ -121,12 +134,15 @@ class MpiLink(Link):
                 requests = [comm.Isend([head, _BYTE], peer, tag)]
                 requests += [comm.Isend([f, _BYTE], peer, tag) for f, n in zip(frames, sizes) if n]
                 keep = [head, *frames]
-            try:
-                wait_requests(requests, deadline, "the receiver did not take the message", self._alive)
-            except BaseException:
-                self._open = False  # a message is half sent: the link cannot be used again
-                self._keep.append((requests, keep))
-                raise
+            self._wait_sent(requests, keep, deadline)
+
+    def _wait_sent(self, requests: list, keep: list, deadline: Optional[float]) -> None:
+        try:
+            wait_requests(requests, deadline, "the receiver did not take the message", self._alive)
+        except BaseException:
+            self._open = False  # a message is half sent: the link cannot be used again
+            self._keep.append((requests, keep))
+            raise
 
     # -- receiving -------------------------------------------------------------------
     def _match(self, deadline: Optional[float]):
@@ -161,6 +177,8 @@ class MpiLink(Link):
         else:
             buf = _empty(count)
             wait_requests([message.Irecv([buf, _BYTE])], deadline, "the message did not arrive", self._alive)
+        if buf[0] & FLAG_SINGLE:
+            return buf[0], [count - 1], memoryview(buf)[1:]
         flags, nframes = _HEAD.unpack_from(buf, 0)
         sizes = list(_SIZES[nframes].unpack_from(buf, _HEAD.size)) if nframes < 8 else [
             _SIZE.unpack_from(buf, _HEAD.size + 8 * i)[0] for i in range(nframes)]
@@ -192,6 +210,8 @@ class MpiLink(Link):
         if message is None:
             return self._pop_ahead()
         flags, sizes, body = self._receive_head(message, status, deadline)
+        if flags & FLAG_SINGLE:
+            return flags, [body]
         if body is not None:
             out, pos = [], 0
             for n in sizes:
@@ -257,11 +277,10 @@ class MpiLink(Link):
                 self._seen_at = None
                 return False
             now = time.monotonic()
-            if status.Get_count(MPI.BYTE) > INLINE_MAX + 4096:  # a large message's header
-                if self._seen_at is None:
-                    self._seen_at = now
-                if now - self._seen_at < DRAIN_DELAY:
-                    return False
+            if self._seen_at is None:
+                self._seen_at = now
+            if now - self._seen_at < DRAIN_DELAY:
+                return False  # a receiver that is about to take it should get it straight from MPI
             self._seen_at = None
             message = self._comm.Improbe(self.peer, self._recv_tag, status)
             if message is None:
