@@ -146,4 +146,4 @@ def encode(obj: Any, device_hook: Optional[Callable] = None) -> tuple[bytes, lis
 
 def decode(header, buffers: list) -> Any:
     """Rebuild the object; buffers are used in place (no copy)."""
-    return pickle.loads(header, buffers=buffers)
+    return pickle.loads(header, buffers=buffers) if buffers else pickle.loads(header)
