@@ -88,7 +88,7 @@ def test_spawn_mode_from_plain_python(tmp_path):
     """RLINF_LAUNCHER=mpi in a plain python process spawns its worker ranks."""
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "examples/communication.py"], cwd=ROOT, timeout=240,
-                          env=_env(RLINF_LAUNCHER="mpi", RLINF_MPI_SLOTS="4"),
+                          env=_env(RLINF_LAUNCHER="mpi", RLINF_MPI_SLOTS="4"), start_new_session=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "replies: ['Hello from RecvWorker Rank 0!', 'Hello from RecvWorker Rank 1!']" in proc.stdout
@@ -155,6 +155,36 @@ def test_a_worker_that_dies_ends_the_job(tmp_path):
     assert code != 0 and took < 60, out
     time.sleep(1.0)
     assert not leftovers(path)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_dies_in_spawn_mode_ends_the_driver_too(tmp_path):
+    path = program(tmp_path, """
+        import os, signal, time
+        from rlinf.scheduler import Cluster, NodePlacementStrategy, Worker
+
+        class W(Worker):
+            def pid(self):
+                return os.getpid()
+            def sleep(self, s):
+                time.sleep(s)
+
+        g = W.create_group().launch(Cluster(), NodePlacementStrategy([0, 0]), name="doomed")
+        pids = g.pid().wait()
+        handle = g.sleep(600)
+        print("KILLING", pids[1], flush=True)
+        os.kill(pids[1], signal.SIGKILL)
+        handle.wait()
+        print("NOT REACHED")
+    """)
+    start = time.monotonic()
+    # its own session: MPICH ends a failed spawned job by killing the driver's whole process group
+    proc = subprocess.run([sys.executable, path], cwd=ROOT, timeout=100, env=_env(RLINF_LAUNCHER="mpi", RLINF_MPI_SLOTS="2"),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert "KILLING" in proc.stdout and "NOT REACHED" not in proc.stdout
+    assert proc.returncode != 0 and time.monotonic() - start < 60, proc.stdout
+    time.sleep(1.0)
+    assert not leftovers("--serve")
 
 
 @pytest.mark.timeout(120)
