@@ -16,7 +16,33 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+from rlinf.scheduler import Worker  # noqa: E402  (after the environment above)
+
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+#: the small object whose round trip the point-to-point benchmarks time
+SMALL_MESSAGE = {"step": 0, "reward": 0.5, "done": False, "info": "ok"}
+
+
+class RoundTripPeer(Worker):
+    """Rank 0 and rank 1 of one group bounce a small object with rlinf's send/recv."""
+
+    def _round_trip(self, msg):
+        name = self.worker_group_name
+        if self._rank == 0:
+            self.send(msg, name, 1)
+            self.recv(name, 1)
+        else:
+            self.send(self.recv(name, 0), name, 0)
+
+    @staticmethod
+    def _time_round_trips(one, n: int, warmup: int) -> float:
+        """Seconds per round trip of ``one(SMALL_MESSAGE)``, after ``warmup`` untimed ones."""
+        for _ in range(warmup):
+            one(SMALL_MESSAGE)
+        start = time.perf_counter()
+        for _ in range(n):
+            one(SMALL_MESSAGE)
+        return (time.perf_counter() - start) / n
 
 
 def local_cluster():

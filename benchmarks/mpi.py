@@ -22,9 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _peer_class():
-    from rlinf.scheduler import Worker
+    from common import RoundTripPeer
 
-    class MpiBenchPeer(Worker):
+    class MpiBenchPeer(RoundTripPeer):
         def __init__(self):
             super().__init__()
             from rlinf.mpi.runtime import world
@@ -46,21 +46,7 @@ def _peer_class():
             self.peer_mpi = 1 - pair.index(self.mpi_rank)
 
         def pingpong(self, n, raw):
-            msg = {"step": 0, "reward": 0.5, "done": False, "info": "ok"}
-            one = self._raw_pp if raw else self._pp
-            for _ in range(50):
-                one(msg)
-            start = time.perf_counter()
-            for _ in range(n):
-                one(msg)
-            return (time.perf_counter() - start) / n
-
-        def _pp(self, msg):
-            if self._rank == 0:
-                self.send(msg, self.name, 1)
-                self.recv(self.name, 1)
-            else:
-                self.send(self.recv(self.name, 0), self.name, 0)
+            return self._time_round_trips(self._raw_pp if raw else self._round_trip, n, warmup=50)
 
         def _raw_pp(self, msg):
             if self._rank == 0:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import close_cluster, local_cluster, print_table, save_bar_plot
+from common import RoundTripPeer, close_cluster, local_cluster, print_table, save_bar_plot
 
-from rlinf.scheduler import NodePlacementStrategy, Worker
+from rlinf.scheduler import NodePlacementStrategy
 
 MiB = 1 << 20
 
 
-class BenchPeer(Worker):
+class BenchPeer(RoundTripPeer):
     def __init__(self):
         super().__init__()
         self.peer = 1 - self._rank
@@ -28,20 +28,7 @@ class BenchPeer(Worker):
 
     # -- rlinf ------------------------------------------------------------------
     def ours_pingpong(self, n):
-        msg = {"step": 0, "reward": 0.5, "done": False, "info": "ok"}
-        for _ in range(20):
-            self._pp(msg)
-        start = time.perf_counter()
-        for _ in range(n):
-            self._pp(msg)
-        return (time.perf_counter() - start) / n
-
-    def _pp(self, msg):
-        if self._rank == 0:
-            self.send(msg, self.name, 1)
-            self.recv(self.name, 1)
-        else:
-            self.send(self.recv(self.name, 0), self.name, 0)
+        return self._time_round_trips(self._round_trip, n, warmup=20)
 
     def ours_stream(self, nbytes, k, raw):
         import torch

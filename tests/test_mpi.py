@@ -130,9 +130,8 @@ def test_more_workers_than_ranks_is_an_error_before_anything_starts(tmp_path):
     assert took < 60 and not leftovers(path)
 
 
-@pytest.mark.timeout(120)
-def test_a_worker_that_dies_ends_the_job(tmp_path):
-    path = program(tmp_path, """
+#: a program that kills one of its workers during a call and waits on that call
+KILLS_A_WORKER = """
         import os, signal, time
         from rlinf.scheduler import Cluster, NodePlacementStrategy, Worker
 
@@ -149,7 +148,12 @@ def test_a_worker_that_dies_ends_the_job(tmp_path):
         os.kill(pids[1], signal.SIGKILL)
         handle.wait()
         print("NOT REACHED")
-    """)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_dies_ends_the_job(tmp_path):
+    path = program(tmp_path, KILLS_A_WORKER)
     code, out, took = mpirun(3, [path], timeout=100)
     assert "KILLING" in out and "NOT REACHED" not in out
     assert code != 0 and took < 60, out
@@ -159,24 +163,7 @@ def test_a_worker_that_dies_ends_the_job(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_worker_that_dies_in_spawn_mode_ends_the_driver_too(tmp_path):
-    path = program(tmp_path, """
-        import os, signal, time
-        from rlinf.scheduler import Cluster, NodePlacementStrategy, Worker
-
-        class W(Worker):
-            def pid(self):
-                return os.getpid()
-            def sleep(self, s):
-                time.sleep(s)
-
-        g = W.create_group().launch(Cluster(), NodePlacementStrategy([0, 0]), name="doomed")
-        pids = g.pid().wait()
-        handle = g.sleep(600)
-        print("KILLING", pids[1], flush=True)
-        os.kill(pids[1], signal.SIGKILL)
-        handle.wait()
-        print("NOT REACHED")
-    """)
+    path = program(tmp_path, KILLS_A_WORKER)
     start = time.monotonic()
     # its own session: MPICH ends a failed spawned job by killing the driver's whole process group
     proc = subprocess.run([sys.executable, path], cwd=ROOT, timeout=100, env=_env(RLINF_LAUNCHER="mpi", RLINF_MPI_SLOTS="2"),

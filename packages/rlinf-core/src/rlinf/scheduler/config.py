@@ -23,14 +23,15 @@ DEFAULT_TIMEOUT = 1800.0
 DEFAULT_LAUNCH_TIMEOUT = 300.0
 
 
-_ENVIRON_BYTES = getattr(os.environ, "_data", None)  # CPython on POSIX: the bytes mapping behind os.environ
+#: CPython on POSIX: the bytes mapping behind os.environ (None elsewhere: use os.environ)
+_ENVIRON_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
 _encoded: dict = {}
 
 
 def getenv(name: str):
     """``os.environ.get(name)`` for hot paths: about 25x cheaper, and it still sees later changes."""
     data = _ENVIRON_BYTES
-    if data is None or os.name != "posix":
+    if data is None:
         return os.environ.get(name)
     key = _encoded.get(name)
     if key is None:

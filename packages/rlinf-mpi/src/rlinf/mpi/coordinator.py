@@ -94,16 +94,19 @@ class Coordinator:
             return sorted(self._groups)
 
     # -- serving other ranks ------------------------------------------------------------
+    #: what other ranks may ask: each takes the request's body as its one argument
+    OPS = ("allocate", "release_ranks", "reserve", "register", "release", "lookup", "names")
+
     def handle(self, op: str, body):
         """One request, as any rank sends it: ``op`` names the method, ``body`` its argument."""
+        if op not in self.OPS:
+            raise ValueError(f"rank 0 does not serve {op!r}")
         if op == "allocate":
             return self.allocate(*body)
         if op == "names":
             return self.names()
-        if op not in ("release_ranks", "reserve", "register", "release", "lookup"):
-            raise ValueError(f"rank 0 does not serve {op!r}")
         return getattr(self, op)(body)
 
     def serve(self, service) -> None:
-        for op in ("allocate", "release_ranks", "reserve", "register", "release", "lookup", "names"):
+        for op in self.OPS:
             service.handle(op, lambda source, body, reply, op=op: reply(True, self.handle(op, body)))

@@ -22,6 +22,7 @@ MAX_SLEEP = 0.001
 _FIRST_SLEEP = 0.00002
 
 _spin_cache: dict = {}
+_testall = None
 
 
 def spin_seconds() -> float:
@@ -75,8 +76,11 @@ def wait_requests(requests: list, deadline: Optional[float], what: str = "deadli
     """Wait until every MPI request completed."""
     if not requests:
         return
-    from mpi4py import MPI
+    global _testall
+    if _testall is None:
+        from mpi4py import MPI
 
-    testall = MPI.Request.Testall
+        _testall = MPI.Request.Testall
+    testall = _testall
     if not testall(requests):
         wait_for(lambda: testall(requests), deadline, what, alive)

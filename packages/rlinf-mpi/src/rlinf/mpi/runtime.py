@@ -194,22 +194,25 @@ def init_spawned() -> World:
         return _world
 
 
+_before_finalize: list = []
+
+
+def before_finalize(callback) -> None:
+    """Run ``callback()`` at ``finalize``, before MPI ends; the last registered runs first."""
+    _before_finalize.append(callback)
+
+
 def finalize() -> None:
-    """A clean end of this rank: stop the service thread, then ``MPI_Finalize``.
+    """A clean end of this rank: stop what uses MPI (links, then the service thread), then ``MPI_Finalize``.
 
     Under ``mpiexec`` a rank that exits without finalizing makes the MPI
     runtime kill the whole job, so every rank of a job that ended normally
     finalizes (which waits for the other ranks to finalize too).
     """
-    from . import service as service_module
-    from .transport import close_all_links
-
     if _world is None:
         return
-    close_all_links()
-    svc = service_module.current()
-    if svc is not None:
-        svc.stop()
+    for callback in reversed(_before_finalize):
+        callback()
     from mpi4py import MPI
 
     time.sleep(0.01)  # threads waiting on a link see it closed at their next test

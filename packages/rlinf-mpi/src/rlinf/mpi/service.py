@@ -282,5 +282,9 @@ def service() -> Service:
     return _service
 
 
-def current() -> Optional[Service]:
-    return _service
+def _stop_service() -> None:
+    if _service is not None:
+        _service.stop()
+
+
+runtime.before_finalize(_stop_service)

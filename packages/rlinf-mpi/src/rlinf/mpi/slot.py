@@ -103,7 +103,6 @@ class Slot:
         except BaseException:
             self._release()  # free for the next group; the launcher reports the error
             raise
-        record.info.pid = os.getpid()
         reply(True, (self._generation, record))
 
     def _execute(self, body, reply) -> None:

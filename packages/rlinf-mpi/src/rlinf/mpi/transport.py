@@ -189,15 +189,13 @@ class MpiLink(Link):
         return flags, sizes, (memoryview(buf)[offset:] if flags & FLAG_INLINE else None)
 
     def _receive_frames(self, flags, sizes, body, targets, deadline) -> None:
-        from mpi4py import MPI
-
         if body is not None:
             pos = 0
             for target, n in zip(targets, sizes):
                 memoryview(target).cast("B")[:n] = body[pos:pos + n]
                 pos += n
             return
-        requests = [self._comm.Irecv([t, MPI.BYTE], self.peer, self._recv_tag) for t, n in zip(targets, sizes) if n]
+        requests = [self._comm.Irecv([t, _BYTE], self.peer, self._recv_tag) for t, n in zip(targets, sizes) if n]
         try:
             wait_requests(requests, deadline, "the message did not arrive in full", self._alive)
         except BaseException:
@@ -209,10 +207,14 @@ class MpiLink(Link):
         message, status = self._match(deadline)
         if message is None:
             return self._pop_ahead()
+        return self._receive_message(message, status, deadline)
+
+    def _receive_message(self, message, status, deadline) -> tuple:
+        """(flags, buffers) of a matched message: inline frames are views of its one buffer."""
         flags, sizes, body = self._receive_head(message, status, deadline)
-        if flags & FLAG_SINGLE:
-            return flags, [body]
         if body is not None:
+            if len(sizes) == 1:
+                return flags, [body]
             out, pos = [], 0
             for n in sizes:
                 out.append(body[pos:pos + n])
@@ -270,9 +272,7 @@ class MpiLink(Link):
         if not self._recv_lock.acquire(blocking=False):
             return False  # someone is receiving: they will take it
         try:
-            from mpi4py import MPI
-
-            status = MPI.Status()
+            status = self._status  # ours while the receive lock is held
             if not self._comm.Iprobe(self.peer, self._recv_tag, status):
                 self._seen_at = None
                 return False
@@ -286,19 +286,11 @@ class MpiLink(Link):
             if message is None:
                 return False
             try:
-                flags, sizes, body = self._receive_head(message, status, now + 60)
+                flags, buffers = self._receive_message(message, status, now + 60)
             except ConnectionError:
                 self._ahead.append((FLAG_CLOSE, [], 0))
                 return True
-            if body is not None:
-                buffers, pos = [], 0
-                for n in sizes:
-                    buffers.append(bytes(body[pos:pos + n]))
-                    pos += n
-            else:
-                buffers = [_empty(n) for n in sizes]
-                self._receive_frames(flags, sizes, None, buffers, now + 60)
-            size = sum(sizes)
+            size = sum(_nbytes(b) for b in buffers)
             self._ahead.append((flags, buffers, size))
             self._ahead_bytes += size
             return True
@@ -369,7 +361,10 @@ class MpiTransport(Transport):
 
 
 
-def close_all_links() -> None:
+def _close_all_links() -> None:
     """Before ``MPI_Finalize``: close every link, so no thread is left waiting in MPI."""
     for link in list(_live_links):
         link._open = False
+
+
+runtime.before_finalize(_close_all_links)  # after service's registration, so it runs first
