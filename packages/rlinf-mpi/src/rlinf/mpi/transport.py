@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from rlinf.scheduler.p2p.transport import Link, Transport
+from rlinf.scheduler.p2p.transport import Link, LinkClosed, Transport
 
 from . import runtime
 from .polling import wait_for, wait_requests
@@ -98,7 +98,7 @@ class MpiLink(Link):
 
     def _check_open(self) -> None:
         if self._peer_closed:
-            raise ConnectionError(f"MPI rank {self.peer} closed the link (its worker stopped)")
+            raise LinkClosed(f"MPI rank {self.peer} closed the link (its worker stopped)")
         if not self._open:
             raise ConnectionError("the link is closed")
 
@@ -184,7 +184,7 @@ class MpiLink(Link):
             _SIZE.unpack_from(buf, _HEAD.size + 8 * i)[0] for i in range(nframes)]
         if flags & FLAG_CLOSE:
             self._peer_closed = True
-            raise ConnectionError(f"MPI rank {self.peer} closed the link (its worker stopped)")
+            raise LinkClosed(f"MPI rank {self.peer} closed the link (its worker stopped)")
         offset = _HEAD.size + 8 * nframes
         return flags, sizes, (memoryview(buf)[offset:] if flags & FLAG_INLINE else None)
 
@@ -253,7 +253,7 @@ class MpiLink(Link):
         self._ahead_bytes -= size
         if flags & FLAG_CLOSE:
             self._peer_closed = True
-            raise ConnectionError(f"MPI rank {self.peer} closed the link (its worker stopped)")
+            raise LinkClosed(f"MPI rank {self.peer} closed the link (its worker stopped)")
         return flags, buffers
 
     def _recv_into_ahead(self, targets, wanted) -> bool:

@@ -28,7 +28,7 @@ import time
 import uuid
 from typing import Callable, Optional, Sequence
 
-from .transport import Link, Transport
+from .transport import Link, LinkClosed, Transport
 
 LOCAL_ENV = "RLINF_CPU_LOCAL"
 #: buffers at least this large go through shared memory (same host only)
@@ -45,6 +45,8 @@ KIND_DATA = 1
 FLAG_RAW = 1
 INLINE, SHM = 0, 1
 _CHUNK = 1 << 16
+#: TCP keepalive: probe an idle peer after this many seconds, then every interval, giving up after count
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 15, 5, 4
 _ALIGN = 64
 _MAX_FDS = 64
 
@@ -71,6 +73,24 @@ def _spin_seconds() -> float:
     return max(0.0, float(os.environ.get(SPIN_ENV, "50"))) / 1e6
 
 
+class _Partial:
+    """A message whose head has been read but whose inline frames are still arriving.
+
+    Kept on the link when a receive's deadline passes mid-message, so the next
+    receive resumes where that one stopped: a deadline never costs the stream.
+    """
+
+    __slots__ = ("raw", "frames", "out", "index", "pos", "shm")
+
+    def __init__(self, raw: bool, frames: list):
+        self.raw = raw
+        self.frames = frames  # (where, seg_id, offset, length)
+        self.shm = None  # one view of the segment, sliced for every shared-memory frame
+        self.out: list = []  # finished buffers, one per frame so far
+        self.index = 0  # frame being read
+        self.pos = 0  # bytes of it read so far (into out[index])
+
+
 class SocketLink(Link):
     """One connected stream socket; shared memory when ``local``.
 
@@ -78,12 +98,26 @@ class SocketLink(Link):
     waiting one spins for at most ``RLINF_SPIN_US`` microseconds (a reply
     often arrives within that, which saves a sleep and a wake-up) and then
     sleeps in ``poll`` until the deadline.
+
+    Failure semantics (what core relies on):
+
+    * A send whose deadline passes before any byte of the message left keeps
+      the link usable.  A send that fails midway shuts the socket down for
+      writing, so the receiver reads every earlier message, then an end of
+      stream that tells it to discard the torn one.
+    * A receive whose deadline passes, mid-message or not, keeps what it read
+      for the next receive.
+    * A receive raises ``EOFError``-flavoured ``ConnectionError``
+      (``LinkClosed``) only once every complete message the peer sent has
+      been delivered.
     """
 
     def __init__(self, sock: socket.socket, local: bool):
         self.sock = sock
         self.local = local
         sock.setblocking(False)
+        if not local:
+            _keepalive(sock)
         self._fd = sock.fileno()
         self._poll_in = select.poll()
         self._poll_in.register(self._fd, select.POLLIN)
@@ -102,15 +136,45 @@ class SocketLink(Link):
         self._rstart = 0
         self._rend = 0
         self._fds: list[int] = []
-        self._broken: Optional[str] = None
+        self._partial: Optional[_Partial] = None
+        self._wbroken: Optional[str] = None  # why no more messages can be sent
+        self._rbroken: Optional[str] = None  # why no more messages can be received
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
         self._ahead_cond: Optional[threading.Condition] = None
         self._ahead_error: Optional[BaseException] = None
         self._ahead: "collections.deque" = collections.deque()
+        self._on_close: list[Callable[["SocketLink"], None]] = []
 
     def is_open(self) -> bool:
-        return not self._broken and (self._ahead_cond is None or self._ahead_error is None or bool(self._ahead))
+        return self._wbroken is None and self._rbroken is None
+
+    def peer_closed(self) -> bool:
+        """True once the peer closed the connection and nothing it sent is left to receive.
+
+        Never blocks and never consumes data; ``False`` while a receive is
+        under way on another thread.
+        """
+        if self._ahead_cond is not None:
+            with self._ahead_cond:
+                return self._ahead_error is not None and not self._ahead
+        if self._rbroken is not None:
+            return True
+        if self._partial is not None or self._rend != self._rstart:
+            return False
+        if not self._rlock.acquire(blocking=False):
+            return False
+        try:
+            if not self._poll_in.poll(0):
+                return False
+            try:
+                return self.sock.recv(1, socket.MSG_PEEK) == b""
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                return True
+        finally:
+            self._rlock.release()
 
     # -- waiting ------------------------------------------------------------------
     def _wait(self, poller, deadline: Optional[float], spun: list) -> None:
@@ -123,14 +187,16 @@ class SocketLink(Link):
                     if poller.poll(0):
                         return
         left = _remaining(deadline)
-        # sleep in slices of at most a second, so a closed link is noticed
+        # sleep in slices of at most a second, so a link closed under us is noticed
         if not poller.poll(1000 if left is None else max(1, int(min(left, 1.0) * 1000))):
-            self._check()
+            if self.sock.fileno() < 0:
+                raise ConnectionError("the link was closed")
             _remaining(deadline)  # raises once past the deadline
 
     # -- sending ------------------------------------------------------------
     def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
-        self._check()
+        if self._wbroken is not None:
+            raise ConnectionError(f"the connection is unusable: {self._wbroken}")
         views = []
         for f in frames:
             v = f if isinstance(f, memoryview) else memoryview(f)
@@ -139,19 +205,21 @@ class SocketLink(Link):
             views.append(v)
         descs, inline, fds, newsegs, drops = [], [], [], [], []
         shm_min = self._shm_min
-        seg = None
+        seg = created = None
         if self.local and any(v.nbytes >= shm_min for v in views):
+            total = sum(-(-v.nbytes // _ALIGN) * _ALIGN for v in views if v.nbytes >= shm_min)
+            got = self._pool.acquire(total)
+            if got is not None:  # else the receiver holds too much of ours: inline, never wait
+                seg, created = got
+                if created:
+                    newsegs.append(_NEWSEG.pack(seg.seg_id, seg.capacity))
+                    fds.append(seg.fd)
+                drops = [_DROP.pack(i) for i in self._pool.take_dropped()]
+        offset = 0
+        if seg is not None:
             import numpy as np
 
             from .shm import DATA_OFFSET, parallel_copy
-
-            total = sum(-(-v.nbytes // _ALIGN) * _ALIGN for v in views if v.nbytes >= shm_min)
-            seg, created = self._pool.acquire(total, deadline)
-            if created:
-                newsegs.append(_NEWSEG.pack(seg.seg_id, seg.capacity))
-                fds.append(seg.fd)
-            drops = [_DROP.pack(i) for i in self._pool.take_dropped()]
-        offset = 0
         for v in views:
             n = v.nbytes
             if seg is not None and n >= shm_min:
@@ -165,16 +233,25 @@ class SocketLink(Link):
         header = b"".join(
             [_HEADER.pack(KIND_DATA, FLAG_RAW if raw else 0, len(views), len(newsegs), len(drops)), *newsegs, *drops, *descs]
         )
+        progress = [0]
         with self._wlock:
             try:
-                self._send_all([header, *inline], fds, deadline)
+                self._send_all([header, *inline], fds, deadline, progress)
             except BaseException as exc:
-                self._broken = f"a send failed midway ({type(exc).__name__})"
+                if progress[0]:
+                    # torn message: end the stream here so the receiver drops it and keeps the rest
+                    self._wbroken = f"a send failed midway ({type(exc).__name__})"
+                    try:
+                        self.sock.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+                elif seg is not None:
+                    self._pool.unsent(seg, created, [_DROP.unpack(d)[0] for d in drops])
                 raise
         if fds:
             self._pool.sent(seg)
 
-    def _send_all(self, pending: list, fds: list[int], deadline: Optional[float]) -> None:
+    def _send_all(self, pending: list, fds: list[int], deadline: Optional[float], progress: list) -> None:
         sock = self.sock
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         spun = [False]
@@ -185,6 +262,7 @@ class SocketLink(Link):
                 self._wait(self._poll_out, deadline, spun)
                 continue
             anc = []
+            progress[0] += sent
             while sent and pending:
                 head = pending[0]
                 size = memoryview(head).nbytes
@@ -196,14 +274,12 @@ class SocketLink(Link):
                     sent = 0
 
     # -- receiving ------------------------------------------------------------
-    def _check(self) -> None:
-        if self._broken:
-            raise ConnectionError(f"the connection is unusable: {self._broken}")
-
-    def _eof(self, midway: bool):
-        self._broken = "the peer closed the connection"
-        where = " mid-message" if midway else ""
-        raise ConnectionError(f"the peer closed the connection{where} (its process may have died)")
+    def _closed(self, midway: bool):
+        self._rbroken = "the peer closed the connection"
+        if midway:
+            raise LinkClosed("the peer closed the connection mid-message (its process may have died, "
+                             "or its send failed midway)")
+        raise LinkClosed("the peer closed the connection (its process may have died)")
 
     def _fill(self, deadline: Optional[float]) -> None:
         """Read more bytes into the buffer (compacting it first)."""
@@ -232,22 +308,22 @@ class SocketLink(Link):
             except (BlockingIOError, InterruptedError):
                 self._wait(self._poll_in, deadline, spun)
         if n == 0:
-            self._eof(False)
+            self._closed(self._rend != self._rstart)
         self._rend += n
 
-    def _take(self, n: int, deadline: Optional[float]) -> memoryview:
+    def _ensure(self, n: int, deadline: Optional[float]) -> None:
+        """Buffer at least ``n`` unread bytes; consumes nothing, so a timeout loses nothing."""
         while self._rend - self._rstart < n:
             self._fill(deadline)
-        view = self._rview[self._rstart : self._rstart + n]
-        self._rstart += n
-        return view
 
-    def _read_into(self, target: memoryview, deadline: Optional[float]) -> None:
-        have = min(self._rend - self._rstart, target.nbytes)
+    def _read_into(self, target: memoryview, pos: int, deadline: Optional[float], progress: list) -> None:
+        """Fill ``target[pos:]``; ``progress[0]`` tracks how far it got, also when it raises."""
+        have = min(self._rend - self._rstart, target.nbytes - pos)
         if have:
-            target[:have] = self._rview[self._rstart : self._rstart + have]
+            target[pos : pos + have] = self._rview[self._rstart : self._rstart + have]
             self._rstart += have
-        pos = have
+            pos += have
+            progress[0] = pos
         spun = [False]
         while pos < target.nbytes:
             try:
@@ -256,30 +332,71 @@ class SocketLink(Link):
                 self._wait(self._poll_in, deadline, spun)
                 continue
             if n == 0:
-                self._eof(True)
+                self._closed(True)
             pos += n
+            progress[0] = pos
 
-    def _read_message_head(self, deadline: Optional[float]):
-        self._check()
-        kind, flags, nframes, nnew, ndrop = _HEADER.unpack(self._take(_HEADER.size, deadline))
-        # the message has started: finish it even if the deadline passes, or the stream is lost
+    def _read_head(self, deadline: Optional[float]) -> _Partial:
+        """Parse the next message's head, consuming it only once all of it has arrived."""
+        if self._rbroken is not None:
+            raise LinkClosed(f"the connection is unusable: {self._rbroken}")
+        self._ensure(_HEADER.size, deadline)
+        kind, flags, nframes, nnew, ndrop = _HEADER.unpack_from(self._rbuf, self._rstart)
         if kind != KIND_DATA:
-            self._broken = f"unexpected message kind {kind}"
-            raise ConnectionError(self._broken)
-        body = self._take(nnew * _NEWSEG.size + ndrop * _DROP.size + nframes * _FRAME.size, None)
-        pos = 0
+            self._rbroken = f"unexpected message kind {kind}"
+            raise ConnectionError(self._rbroken)
+        size = _HEADER.size + nnew * _NEWSEG.size + ndrop * _DROP.size + nframes * _FRAME.size
+        self._ensure(size, deadline)
+        pos = self._rstart + _HEADER.size
+        self._rstart += size
+        body = self._rbuf
         for _ in range(nnew):
             seg_id, capacity = _NEWSEG.unpack_from(body, pos)
             pos += _NEWSEG.size
             if not self._fds:
-                self._broken = "a shared-memory segment arrived without its descriptor"
-                raise ConnectionError(self._broken)
+                self._rbroken = "a shared-memory segment arrived without its descriptor"
+                raise ConnectionError(self._rbroken)
             self._cache.add(seg_id, self._fds.pop(0), capacity)
         for _ in range(ndrop):
             self._cache.drop(_DROP.unpack_from(body, pos)[0])
             pos += _DROP.size
         frames = [_FRAME.unpack_from(body, pos + i * _FRAME.size) for i in range(nframes)]
-        return bool(flags & FLAG_RAW), frames
+        return _Partial(bool(flags & FLAG_RAW), frames)
+
+    def _finish(self, msg: _Partial, deadline: Optional[float]) -> tuple[bool, list]:
+        """Read the rest of ``msg`` into buffers of its own; on a timeout ``msg`` is kept to resume."""
+        frames, out = msg.frames, msg.out
+        try:
+            while msg.index < len(frames):
+                where, seg_id, off, n = frames[msg.index]
+                if where == SHM:
+                    if msg.shm is None:  # one view for all frames: the segment is FREE once all are gone
+                        end = max(o + m for w, _s, o, m in frames if w == SHM)
+                        msg.shm = self._cache.view(seg_id, 0, end)
+                    out.append(msg.shm[off : off + n])
+                elif msg.pos == 0 and n <= self._rend - self._rstart:  # already buffered: one copy
+                    out.append(bytearray(self._rview[self._rstart : self._rstart + n]))
+                    self._rstart += n
+                else:
+                    if msg.pos == 0:
+                        out.append(bytearray(n))
+                    progress = [msg.pos]
+                    try:
+                        self._read_into(memoryview(out[-1]), msg.pos, deadline, progress)
+                    finally:
+                        msg.pos = progress[0]
+                msg.index += 1
+                msg.pos = 0
+        except TimeoutError:
+            self._partial = msg
+            raise
+        self._partial = None
+        msg.shm = None
+        return msg.raw, out
+
+    def _next(self, deadline: Optional[float]) -> tuple[bool, list]:
+        msg = self._partial or self._read_head(deadline)
+        return self._finish(msg, deadline)
 
     # -- read-ahead (network links) ----------------------------------------------
     def start_read_ahead(self, budget: int = 64 << 20) -> None:
@@ -287,23 +404,23 @@ class SocketLink(Link):
 
         Used on TCP links, where a large message cannot go through shared
         memory: without it, two workers that both send a large message before
-        receiving would wait on each other forever.
+        receiving would wait on each other forever.  The thread ends when the
+        peer closes the link or the link is closed.
         """
         self._spin = 0.0
-        self._ahead: "collections.deque" = collections.deque()
         self._ahead_bytes = 0
         self._ahead_budget = budget
-        self._ahead_error: Optional[BaseException] = None
         self._ahead_cond = threading.Condition()
         threading.Thread(target=self._read_ahead_loop, name="rlinf-cpu-read-ahead", daemon=True).start()
 
     def _read_ahead_loop(self) -> None:
         while True:
             with self._ahead_cond:
-                while self._ahead_bytes >= self._ahead_budget and not self._broken:
+                while self._ahead_bytes >= self._ahead_budget and self._rbroken is None:
                     self._ahead_cond.wait(1.0)
             try:
-                raw, frames = self._recv_direct(None)
+                with self._rlock:
+                    raw, frames = self._next(None)  # no deadline: a user's wait is bounded in _pop_ahead
             except BaseException as exc:
                 with self._ahead_cond:
                     self._ahead_error = exc
@@ -318,9 +435,9 @@ class SocketLink(Link):
     def _pop_ahead(self, deadline: Optional[float]) -> tuple[bool, list]:
         with self._ahead_cond:
             while not self._ahead:
-                if self._ahead_error is not None:
+                if self._ahead_error is not None:  # only once everything read before it was taken
                     err = self._ahead_error
-                    raise err if isinstance(err, ConnectionError) else ConnectionError(str(err))
+                    raise err if isinstance(err, ConnectionError) else LinkClosed(str(err))
                 left = _remaining(deadline)
                 self._ahead_cond.wait(1.0 if left is None else min(left, 1.0))
             raw, frames, size = self._ahead.popleft()
@@ -331,79 +448,95 @@ class SocketLink(Link):
     def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
         if self._ahead_cond is not None:
             return self._pop_ahead(deadline)
-        return self._recv_direct(deadline)
-
-    def _recv_direct(self, deadline: Optional[float]) -> tuple[bool, list]:
         with self._rlock:
-            raw, frames = self._read_message_head(deadline)
-            try:
-                out = []
-                shm = [(seg, off, n) for where, seg, off, n in frames if where == SHM]
-                whole = None
-                if shm:
-                    seg_id = shm[0][0]
-                    end = max(off + n for _, off, n in shm)
-                    whole = self._cache.view(seg_id, 0, end)
-                for where, seg_id, off, n in frames:
-                    if where == SHM:
-                        out.append(whole[off : off + n])
-                    elif n <= self._rend - self._rstart:  # already buffered: one copy
-                        out.append(bytearray(self._take(n, None)))
-                    else:
-                        buf = bytearray(n)
-                        self._read_into(memoryview(buf), None)
-                        out.append(buf)
-                return raw, out
-            except BaseException as exc:
-                self._broken = self._broken or f"a receive failed midway ({type(exc).__name__})"
-                raise
+            return self._next(deadline)
 
     def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
+        views = [memoryview(t).cast("B") for t in targets]
         if self._ahead_cond is not None:
-            raw, frames = self._pop_ahead(deadline)
-            views = [memoryview(t).cast("B") for t in targets]
-            sizes = [len(f) for f in frames]
-            if sizes != [v.nbytes for v in views]:
-                raise ValueError(f"the message holds buffers of {sizes} bytes, the receiver offered {[v.nbytes for v in views]}")
-            for v, f in zip(views, frames):
-                v[:] = f
-            return raw
+            return _fill_targets(*self._pop_ahead(deadline), views)
         with self._rlock:
-            raw, frames = self._read_message_head(deadline)
-            views = [memoryview(t).cast("B") for t in targets]
-            sizes = [n for _, _, _, n in frames]
-            mismatch = len(sizes) != len(views) or any(n != v.nbytes for n, v in zip(sizes, views))
+            if self._partial is not None:  # an earlier receive timed out midway: finish that message first
+                return _fill_targets(*self._finish(self._partial, deadline), views)
+            msg = self._read_head(deadline)
+            frames = msg.frames
+            if len(frames) != len(views) or any(n != v.nbytes for (_, _, _, n), v in zip(frames, views)):
+                return _fill_targets(*self._finish(msg, deadline), views)  # raises ValueError, message consumed
+            # the fast path: straight into the caller's buffers, one copy
+            shm_seg = None
+            i = pos = 0
             try:
                 for i, (where, seg_id, off, n) in enumerate(frames):
+                    pos = 0
                     if where == SHM:
-                        if mismatch:
-                            self._cache.release(seg_id)
-                        else:
-                            self._cache.copy_out(seg_id, off, n, views[i])
-                    elif mismatch:
-                        self._read_into(memoryview(bytearray(n)), None)  # consume and discard
+                        self._cache.copy_out(seg_id, off, n, views[i])
+                        shm_seg = seg_id
                     elif n:
-                        self._read_into(views[i], None)
-            except BaseException as exc:
-                self._broken = self._broken or f"a receive failed midway ({type(exc).__name__})"
+                        progress = [0]
+                        try:
+                            self._read_into(views[i], 0, deadline, progress)
+                        finally:
+                            pos = progress[0]
+            except TimeoutError:
+                # keep what arrived, in buffers of our own, for the next receive
+                msg.out = [bytearray(views[j]) for j in range(i)]
+                msg.out.append(bytearray(frames[i][3]))
+                msg.out[-1][:pos] = views[i][:pos]
+                msg.index, msg.pos = i, pos
+                self._partial = msg
+                if shm_seg is not None and not any(w == SHM for w, _s, _o, _n in frames[i:]):
+                    self._cache.release(shm_seg)  # else the resumed receive's view frees it
                 raise
-            if mismatch:
-                raise ValueError(f"the message holds buffers of {sizes} bytes, the receiver offered {[v.nbytes for v in views]}")
-            return raw
+            if shm_seg is not None:  # only now: a later frame may share the segment
+                self._cache.release(shm_seg)
+            return msg.raw
+
+    def add_close_callback(self, fn: Callable[["SocketLink"], None]) -> None:
+        """Call ``fn(link)`` once when the link is closed (the transport forgets it then)."""
+        self._on_close.append(fn)
 
     def close(self) -> None:
-        self._broken = self._broken or "closed"
+        self._wbroken = self._wbroken or "closed"
+        self._rbroken = self._rbroken or "closed"
         try:
             self.sock.close()
         except OSError:
             pass
-        for fd in self._fds:
+        if self._ahead_cond is not None:
+            with self._ahead_cond:
+                self._ahead_cond.notify_all()
+        fds, self._fds = self._fds, []
+        for fd in fds:
             os.close(fd)
-        self._fds.clear()
         if self._pool is not None:
             self._pool.close()
         if self._cache is not None:
             self._cache.close()
+        callbacks, self._on_close = self._on_close, []
+        for fn in callbacks:
+            fn(self)
+
+
+def _fill_targets(raw: bool, frames: list, views: list) -> bool:
+    """Copy a whole received message into the caller's buffers, or raise ``ValueError`` if they do not fit."""
+    sizes = [memoryview(f).nbytes for f in frames]
+    if sizes != [v.nbytes for v in views]:
+        raise ValueError(f"the message holds buffers of {sizes} bytes, the receiver offered {[v.nbytes for v in views]}")
+    for v, f in zip(views, frames):
+        v[:] = memoryview(f).cast("B")
+    return raw
+
+
+def _keepalive(sock: socket.socket) -> None:
+    """Let the kernel notice a peer host that vanished (no FIN ever comes) within about a minute."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                           ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+            if hasattr(socket, opt):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+    except OSError:
+        pass
 
 
 def _tune(sock: socket.socket, tcp: bool) -> None:
@@ -532,6 +665,8 @@ class CpuTransport(Transport):
                 s.close()
             except OSError:
                 pass
+        if self._selector is not None:  # its epoll descriptor; the accept loop ends on the error
+            self._selector.close()
         with self._lock:
             links, self._links = self._links, []
         for link in links:

@@ -12,9 +12,11 @@ views keep it alive), so it is never unmapped under a live tensor.
 
 The first page of a segment holds a state word.  The sender sets it to
 BUSY before handing the segment over; the receiver sets it back to FREE when
-every tensor viewing the segment has been garbage collected.  The sender
-reuses FREE segments (already faulted in, so the copy runs at memcpy speed)
-without any message flowing back.
+every tensor viewing the segment has been garbage collected (or, for
+``recv_into``, once every frame of the message has been copied out).  The
+sender reuses FREE segments (already faulted in, so the copy runs at memcpy
+speed) without any message flowing back.  When the receiver holds too much,
+the sender does not wait: its buffers go inline through the socket.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import mmap
 import os
 import struct
 import threading
-import time
 import weakref
 from typing import Optional
 
@@ -148,42 +149,50 @@ class SenderPool:
         self._lock = threading.Lock()
         self._dropped: list[int] = []
 
-    def acquire(self, nbytes: int, deadline: Optional[float] = None) -> tuple[Segment, bool]:
-        """A segment with room for ``nbytes``, marked BUSY; ``True`` if newly created.
+    def acquire(self, nbytes: int) -> Optional[tuple[Segment, bool]]:
+        """A segment with room for ``nbytes``, marked BUSY, and ``True`` if newly created.
 
-        Flow control: when the receiver holds ``RLINF_SHM_POOL_MB`` of this
-        link's segments already, wait for it to release one (or the deadline).
+        ``None`` when the receiver already holds ``RLINF_SHM_POOL_MB`` (or
+        ``RLINF_SHM_MAX_SEGMENTS`` segments) of this link's memory: the caller
+        then sends the buffers inline through the socket.  Never waiting here
+        means a receiver that keeps every tensor it got (they are zero-copy
+        views of these segments) can never stall its sender.
         """
-        pause = 0.0002
-        while True:
-            with self._lock:
-                best: Optional[Segment] = None
-                busy = 0
-                for seg in self._segments.values():
-                    if seg.state() != FREE:
-                        busy += seg.capacity
-                    elif nbytes <= seg.capacity <= max(2 * nbytes, nbytes + 8 * _ROUND):
-                        if best is None or seg.capacity < best.capacity:
-                            best = seg
-                created = False
-                if best is None and len(self._segments) >= _max_segments():
-                    self._drop_one_free()
-                if best is None and (busy == 0 or busy + nbytes <= _pool_limit()) and len(self._segments) < _max_segments():
-                    best = create_segment(self._next_id, nbytes)
-                    self._next_id += 1
-                    self._segments[best.seg_id] = best
-                    created = True
-                if best is not None:
-                    best.set_state(BUSY)
-                    self._trim(keep=best.seg_id)
-                    return best, created
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"the receiver holds {busy >> 20} MiB in {len(self._segments)} shared-memory segments from this "
-                    f"sender and released none in time"
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.01)
+        with self._lock:
+            best: Optional[Segment] = None
+            busy = 0
+            for seg in self._segments.values():
+                if seg.state() != FREE:
+                    busy += seg.capacity
+                elif nbytes <= seg.capacity <= max(2 * nbytes, nbytes + 8 * _ROUND):
+                    if best is None or seg.capacity < best.capacity:
+                        best = seg
+            created = False
+            if best is None and len(self._segments) >= _max_segments():
+                self._drop_one_free()
+            if best is None and (busy == 0 or busy + nbytes <= _pool_limit()) and len(self._segments) < _max_segments():
+                best = create_segment(self._next_id, nbytes)
+                self._next_id += 1
+                self._segments[best.seg_id] = best
+                created = True
+            if best is None:
+                return None
+            best.set_state(BUSY)
+            self._trim(keep=best.seg_id)
+            return best, created
+
+    def unsent(self, seg: Segment, created: bool, dropped: list[int]) -> None:
+        """The message carrying ``seg`` never left: free it, or forget it if the receiver never learnt of it.
+
+        ``dropped`` are the ids that message would have told the receiver to unmap; they go out with the next one.
+        """
+        with self._lock:
+            self._dropped[:0] = dropped
+            if created:
+                self._segments.pop(seg.seg_id, None)
+                seg.close()
+            else:
+                seg.set_state(FREE)
 
     def _drop_one_free(self) -> None:
         """Make room for a segment of another size by dropping the largest free one."""
@@ -256,11 +265,10 @@ class ReceiverCache:
         return whole
 
     def copy_out(self, seg_id: int, offset: int, length: int, target) -> None:
+        """Copy one frame out; the segment stays BUSY (``release`` it once the whole message is out)."""
         mm = self._maps[seg_id]
         src = np.frombuffer(mm, dtype=np.uint8, count=length, offset=DATA_OFFSET + offset)
         parallel_copy(np.frombuffer(target, dtype=np.uint8), src)
-        del src
-        _mark_free(mm)
 
     def release(self, seg_id: int) -> None:
         mm = self._maps.get(seg_id)

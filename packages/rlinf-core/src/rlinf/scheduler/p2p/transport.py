@@ -17,12 +17,28 @@ small things:
   Every blocking method takes ``deadline`` (``time.monotonic()`` based) and
   raises ``TimeoutError`` past it, and raises ``ConnectionError`` when the peer
   goes away.  Core names the peer in both cases.
+
+What core relies on, so that nothing a peer sent is lost:
+
+* ``recv`` delivers every complete message the peer sent before it closed
+  the link (or its process exited), and only then raises ``LinkClosed``.
+* A ``recv``/``recv_into`` that times out, even midway through a message,
+  leaves the stream intact: the next receive gets that message whole.
+* A ``send`` that times out before any byte left leaves the link usable; one
+  that fails midway makes ``is_open()`` false and ends the stream so the
+  receiver drops the torn message (it then sees ``LinkClosed``).  Core
+  reconnects for the next send, and the receiver reads the new link only
+  after the old one ended, so order is kept.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from typing import Callable, Optional, Sequence
+
+
+class LinkClosed(ConnectionError):
+    """The peer closed the link, and every complete message it sent has been received."""
 
 
 class Link(ABC):
@@ -47,6 +63,15 @@ class Link(ABC):
     def is_open(self) -> bool:
         """False once the link failed (peer gone, a send broke midway): rlinf then reconnects."""
         return True
+
+    def peer_closed(self) -> bool:
+        """Whether the peer has closed the link and nothing it sent is left to receive.
+
+        Must not block or consume data.  Core polls idle links with it to close
+        those of departed peers; the default (never) keeps them until a send or
+        receive fails.
+        """
+        return False
 
     @abstractmethod
     def close(self) -> None: ...
