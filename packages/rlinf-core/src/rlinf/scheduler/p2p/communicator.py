@@ -7,10 +7,18 @@ connection; the receiving side learns of the connection from the hello.
 Each direction of each pair is one connection, so messages between one
 sender and one receiver arrive in send order, and both directions run at
 once without deadlock.
+
+Nothing a peer sent is lost: when a sender reconnects (its send failed
+midway, or its process was replaced by a relaunched group of the same name)
+the receiver queues the new connection behind the old one and reads the old
+one to its end first.  Links of peers that went away are closed the next
+time a connection is made, so a long run with restarted workers does not
+accumulate sockets or shared-memory mappings.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import struct
@@ -27,7 +35,7 @@ from ..plugins import get_registry
 from . import codec
 from .async_work import AsyncWork
 from .ordering import SerialRunner, Turnstile
-from .transport import Link, Transport
+from .transport import Link, LinkClosed, Transport
 
 log = logging.getLogger("rlinf.p2p")
 
@@ -54,6 +62,8 @@ class _Pair:
     transport: Optional[str] = None
     endpoint: Optional[dict] = None  # what an outgoing link connected to
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: incoming only: newer connections from the same sender, read once ``link`` has ended
+    queued: collections.deque = field(default_factory=collections.deque)
 
     def serial(self) -> SerialRunner:
         with self.lock:
@@ -164,23 +174,60 @@ class Communicator:
             return
         pair = self._pair(self._in, src)
         with self._cond:
-            old = pair.link
-            pair.link, pair.transport = link, transport
+            if pair.link is None:
+                pair.link, pair.transport = link, transport
+            else:  # the current link may still hold messages: this one is read after it
+                pair.queued.append((link, transport))
             self._cond.notify_all()
-        if old is not None:
-            old.close()
+        self._sweep()
 
-    def _outgoing(self, peer: WorkerAddress, transport: str, deadline: Optional[float]) -> _Pair:
+    def _sweep(self) -> None:
+        """Close the links of peers that went away (called whenever a connection is made)."""
+        closed = []
+        with self._cond:
+            for pair in list(self._in.values()):
+                for entry in list(pair.queued):
+                    if entry[0].peer_closed():
+                        pair.queued.remove(entry)
+                        closed.append(entry[0])
+                if pair.link is not None and pair.link.peer_closed():
+                    closed.append(pair.link)
+                    self._promote(pair)
+            for pair in list(self._out.values()):
+                if pair.link is not None and pair.link.peer_closed():
+                    closed.append(pair.link)
+                    pair.link = None
+        for link in closed:
+            link.close()
+
+    def _promote(self, pair: _Pair) -> None:
+        """The current incoming link has ended: the next queued one takes its place (lock held)."""
+        pair.link, pair.transport = pair.queued.popleft() if pair.queued else (None, pair.transport)
+
+    def _retire(self, pair: _Pair, link: Link) -> None:
+        """``link`` delivered everything it will: close it and move on to the next one."""
+        with self._cond:
+            if pair.link is link:
+                self._promote(pair)
+        link.close()
+
+    def _outgoing(self, peer: WorkerAddress, transport: str, deadline: Optional[float]) -> tuple[_Pair, Link]:
+        """The pair and the link to send to ``peer`` on, connecting on first use.
+
+        Called in the pair's turn (one sender at a time); the sweep may still
+        close a link whose peer left, so callers use the link returned here.
+        """
         pair = self._pair(self._out, peer.get_name())
-        if pair.link is not None and not pair.link.is_open():
+        link = pair.link
+        if link is not None and not link.is_open():
             # the peer went away: forget the link and the peer's record, so that a
             # group relaunched under the same name is found and connected afresh
-            pair.link.close()
-            pair.link = None
+            link.close()
+            link = pair.link = None
             self._groups.pop(peer.group_key, None)
-        if pair.link is not None and pair.transport == transport:
-            return pair
-        if pair.link is not None:
+        if link is not None and pair.transport == transport:
+            return pair, link
+        if link is not None:
             raise CommunicationError(
                 f"{self.name}: already sending to {peer.get_name()!r} with transport {pair.transport!r}; "
                 f"both ends of a pair must use one transport (asked for {transport!r})",
@@ -198,59 +245,80 @@ class Communicator:
                 peer=peer.get_name(),
             )
         hello = json.dumps({"src": self.name, "transport": transport}).encode()
-        pair.link = self._transports[transport].connect(endpoint, hello, deadline)
-        pair.transport, pair.endpoint = transport, endpoint
-        return pair
+        link = self._transports[transport].connect(endpoint, hello, deadline)
+        pair.link, pair.transport, pair.endpoint = link, transport, endpoint
+        self._sweep()
+        return pair, link
 
     def _send_frames(self, peer: WorkerAddress, transport: str, frames: list, deadline, raw: bool = False) -> None:
         """Send on the pair's link; if the peer's process was replaced (its group relaunched
         under the same name), reconnect to the new one and send there, once."""
-        pair = self._outgoing(peer, transport, deadline)
+        pair, link = self._outgoing(peer, transport, deadline)
         try:
-            pair.link.send(frames, deadline, raw=raw)
+            link.send(frames, deadline, raw=raw)
             return
         except (ConnectionError, OSError) as exc:
             if isinstance(exc, TimeoutError):
-                raise
+                raise  # the link says whether it is still usable (is_open)
             record = self._lookup(peer, refresh=True)
             if record.endpoints.get(transport) == pair.endpoint:
                 raise
-        pair.link.close()
-        pair.link = None
-        self._outgoing(peer, transport, deadline).link.send(frames, deadline, raw=raw)
+        link.close()
+        if pair.link is link:
+            pair.link = None
+        self._outgoing(peer, transport, deadline)[1].send(frames, deadline, raw=raw)
 
-    def _incoming(self, peer: WorkerAddress, transport: str, deadline: Optional[float]) -> _Pair:
+    def _incoming(self, peer: WorkerAddress, transport: str, deadline: Optional[float], ended: bool = False) -> Link:
+        """The link to receive from ``peer`` on, waiting for the peer to connect.
+
+        ``ended``: the previous link from this peer just ended, so a peer whose
+        process is gone is reported at once instead of after a probe interval.
+        """
         pair = self._pair(self._in, peer.get_name())
-        if pair.link is not None and pair.transport == transport and pair.link.is_open():
-            return pair
-        if pair.link is not None and not pair.link.is_open():
-            # a dead sender: fail now unless a relaunched one (same name) connects
-            self._groups.pop(peer.group_key, None)
+        link = pair.link
+        if link is None:
+            if ended:
+                self._groups.pop(peer.group_key, None)  # a relaunched group has new endpoints
+            try:
+                record = self._lookup(peer)  # validates group and rank before waiting
+            except CommunicationError:
+                if ended:
+                    raise ConnectionError("its group is no longer running") from None
+                raise
+            next_probe = time.monotonic() + (0.0 if ended else PROBE_INTERVAL)
             with self._cond:
-                if not pair.link.is_open():
-                    pair.link = None
-        record = self._lookup(peer)  # validates group and rank before waiting
-        next_probe = time.monotonic() + PROBE_INTERVAL
-        with self._cond:
-            while pair.link is None:
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    raise TimeoutError("no connection from the peer")
-                if now >= next_probe:
-                    endpoint = record.endpoints.get(transport) or next(iter(record.endpoints.values()), None)
-                    probe_with = self._transports.get(transport)
-                    if endpoint is not None and probe_with is not None and not probe_with.probe(endpoint):
-                        raise ConnectionError("the peer's process is gone")
-                    next_probe = now + PROBE_INTERVAL
-                wait = next_probe - now if deadline is None else min(next_probe, deadline) - now
-                self._cond.wait(max(wait, 0.0))
+                while pair.link is None:
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        raise TimeoutError("no connection from the peer")
+                    if now >= next_probe:
+                        endpoint = record.endpoints.get(transport) or next(iter(record.endpoints.values()), None)
+                        probe_with = self._transports.get(transport)
+                        if endpoint is not None and probe_with is not None and not probe_with.probe(endpoint):
+                            raise ConnectionError("the peer's process is gone")
+                        next_probe = now + PROBE_INTERVAL
+                    wait = next_probe - now if deadline is None else min(next_probe, deadline) - now
+                    self._cond.wait(max(wait, 0.0))
+                link = pair.link
         if pair.transport != transport:
             raise CommunicationError(
                 f"{self.name}: {peer.get_name()!r} sends with transport {pair.transport!r} but this side "
                 f"receives with {transport!r}; both ends of a pair must agree",
                 peer=peer.get_name(),
             )
-        return pair
+        return link
+
+    def _receive(self, peer: WorkerAddress, transport: str, deadline: Optional[float], read: Callable[[Link], Any]):
+        """``read(link)`` on the peer's current link; a link that ended hands over to the next one."""
+        pair = self._pair(self._in, peer.get_name())
+        ended = False
+        while True:
+            link = self._incoming(peer, transport, deadline, ended)
+            try:
+                return read(link)
+            except LinkClosed:
+                self._retire(pair, link)
+                ended = True
 
     # -- operations --------------------------------------------------------------
     def _run(self, pair: _Pair, op: Callable, async_op: bool, what: str, peer: WorkerAddress, timeout: float):
@@ -306,8 +374,7 @@ class Communicator:
         pair = self._pair(self._in, peer.get_name())
 
         def op(deadline):
-            p = self._incoming(peer, transport, deadline)
-            raw, frames = p.link.recv(deadline)
+            raw, frames = self._receive(peer, transport, deadline, lambda link: link.recv(deadline))
             if raw:
                 raise CommunicationError(
                     f"{self.name}: {peer.get_name()!r} sent a tensor with send_tensor(), but this side called recv(); "
@@ -347,9 +414,8 @@ class Communicator:
         pair = self._pair(self._in, peer.get_name())
 
         def op(deadline):
-            p = self._incoming(peer, transport, deadline)
             try:
-                raw = p.link.recv_into([got, target], deadline)
+                raw = self._receive(peer, transport, deadline, lambda link: link.recv_into([got, target], deadline))
             except ValueError as exc:
                 raise CommunicationError(
                     f"{self.name}: recv_tensor from {peer.get_name()!r} into a {tuple(tensor.shape)} {tensor.dtype} "

@@ -60,7 +60,14 @@ class Turnstile:
 
 
 class SerialRunner:
-    """Runs submitted callables one at a time, in order, on a daemon thread."""
+    """Runs submitted callables one at a time, in order, on a daemon thread.
+
+    The thread exits after ``IDLE_EXIT`` seconds without work and is started
+    again by the next ``submit``, so pairs that went quiet (or whose peer is
+    gone) hold no thread.
+    """
+
+    IDLE_EXIT = 2.0
 
     def __init__(self, name: str):
         self._name = name
@@ -79,7 +86,14 @@ class SerialRunner:
 
     def _run(self) -> None:
         while True:
-            fn, fut = self._queue.get()
+            try:
+                fn, fut = self._queue.get(timeout=self.IDLE_EXIT)
+            except queue.Empty:
+                with self._lock:  # submit() starts a new thread unless we stay
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
