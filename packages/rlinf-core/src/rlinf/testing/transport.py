@@ -62,6 +62,9 @@ class TransportConformance:
 
     @pytest.fixture
     def peer(self):
+        from rlinf.scheduler.security import cluster_secret
+
+        cluster_secret()  # made here if absent, so the peer inherits the same one
         env = dict(os.environ, **self.peer_env)
         p = _Peer(self.transport_name, env)
         yield p
