@@ -158,14 +158,14 @@ def check_peer_uid(sock: socket.socket) -> None:
         raise HandshakeError(f"the process at the other end (pid {creds[0]}) runs as uid {creds[1]}, not {os.getuid()}")
 
 
-def server_handshake(sock: socket.socket, deadline: float) -> None:
-    """The listening side: prove the peer holds the cluster secret, then prove we do.
+def server_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] = None) -> None:
+    """The listening side: prove the peer holds the cluster secret (``key``, default this process's), then prove we do.
 
     Raises ``HandshakeError`` (the caller closes the socket) if the peer is
     another user (Unix sockets), answers wrongly, closes, or is too slow.
     """
     check_peer_uid(sock)
-    key = cluster_secret()
+    key = key or cluster_secret()
     challenge = secrets.token_bytes(_NONCE)
     _send_all(sock, _MAGIC + challenge, deadline)
     reply = _recv_exact(sock, _NONCE + _DIGEST, deadline)
@@ -248,15 +248,19 @@ class HandshakeGate:
         self._name = name
         self._limit = limit
         self._timeout = handshake_timeout()
+        self._key = cluster_secret()  # fixed for the listener's life
         self._pending: "collections.OrderedDict[socket.socket, float]" = collections.OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
 
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
     def admit(self, conn: socket.socket) -> None:
+        """Take an accepted connection; never blocks and never raises."""
+        try:
+            check_peer_uid(conn)  # another user's process: refused here, before the challenge and any thread
+        except (HandshakeError, OSError) as exc:
+            conn.close()
+            log.debug("%s: refused a connection: %s", self._name, exc)
+            return
         with self._lock:
             if self._closed:
                 conn.close()
@@ -267,13 +271,19 @@ class HandshakeGate:
                           describe_peer(oldest))
                 _abort(oldest)
             self._pending[conn] = time.monotonic()
-        threading.Thread(target=self._run, args=(conn,), name=f"{self._name}-handshake", daemon=True).start()
+        try:
+            threading.Thread(target=self._run, args=(conn,), name=f"{self._name}-handshake", daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had: refuse this one, keep accepting
+            with self._lock:
+                self._pending.pop(conn, None)
+            conn.close()
+            log.debug("%s: refused a connection: %s", self._name, exc)
 
     def _run(self, conn: socket.socket) -> None:
         deadline = time.monotonic() + self._timeout
         who = describe_peer(conn)
         try:
-            server_handshake(conn, deadline)
+            server_handshake(conn, deadline, self._key)
             hello = recv_hello(conn, deadline)
         except Exception as exc:  # refused, malformed, slow or dropped: the connection ends here
             with self._lock:
