@@ -271,3 +271,38 @@ def test_cpu_listeners_under_mpi_require_the_drivers_secret(tmp_path, mode):
     for line in ("CPU_LISTENING True", "SAME_SECRET True", "CMDLINE_LEAKS []", "NO_SECRET_ACCEPTED False",
                  "WRONG_SECRET_ACCEPTED False", "CLUSTER_SECRET_ACCEPTED True"):
         assert line in out, out[-4000:]
+
+
+def test_the_cpu_transport_forgets_links_once_they_are_closed():
+    """Links to restarted peers must not pile up: a closed link leaves the transport's books."""
+    import threading
+
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+
+    server, client = CpuTransport(), CpuTransport()
+    accepted = []
+    arrived = threading.Semaphore(0)
+
+    def on_accept(link, hello):
+        accepted.append(link)
+        arrived.release()
+
+    ep = server.listen(on_accept, "127.0.0.1")
+    try:
+        for local in ("1", "0"):
+            os.environ["RLINF_CPU_LOCAL"] = local
+            try:
+                links = [client.connect(ep, b"{}", time.monotonic() + 30) for _ in range(5)]
+            finally:
+                del os.environ["RLINF_CPU_LOCAL"]
+            assert all(arrived.acquire(timeout=30) for _ in links)
+            assert len(client._links) == 5 and len(server._links) == 5
+            links[0].send([b"ping"], time.monotonic() + 30)
+            assert [bytes(f) for f in accepted[0].recv(time.monotonic() + 30)[1]] == [b"ping"]
+            for link in links + accepted:
+                link.close()
+            accepted.clear()
+            assert not client._links and not server._links
+    finally:
+        server.close()
+        client.close()
