@@ -3,6 +3,14 @@
 The reader thread drains the socket into a queue, so two processes that
 send large messages to each other at the same time never block each other,
 and a deadline only ever applies to waiting for a whole message.
+
+Every connection is authenticated before anything else happens on it: the
+listener hands each accepted socket to ``rlinf.scheduler.security``'s
+``HandshakeGate`` (the cluster-secret challenge both ways, a bounded hello,
+a deadline, a bound on handshakes in flight) and only sees the connections
+that passed; the connecting side runs ``client_handshake`` and ``send_hello``.
+Copy this part as it is: a listener that skips it lets any process that can
+reach the port send pickles to your workers.
 """
 
 from __future__ import annotations
@@ -14,11 +22,11 @@ import threading
 import time
 from typing import Optional
 
+from rlinf.scheduler import security
 from rlinf.scheduler.p2p.transport import Link, Transport
 
 _HEAD = struct.Struct("<BI")  # raw flag, number of frames
 _LEN = struct.Struct("<Q")
-_HELLO = struct.Struct("<I")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytearray:
@@ -108,9 +116,20 @@ class PlainTcpTransport(Transport):
 
     def __init__(self):
         self._server: Optional[socket.socket] = None
+        self._gate: Optional[security.HandshakeGate] = None
         self._links: list[TcpLink] = []
+        self._lock = threading.Lock()
+
+    def _keep(self, link: TcpLink) -> TcpLink:
+        with self._lock:  # forget the links that ended, so a long-lived process does not pile them up
+            self._links = [l for l in self._links if l.is_open()] + [link]
+        return link
 
     def listen(self, on_accept, local_ip):
+        def authenticated(conn, hello):  # only connections that proved they hold the cluster secret
+            on_accept(self._keep(TcpLink(conn)), hello)
+
+        self._gate = gate = security.HandshakeGate(authenticated, name="plaintcp")
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.bind((local_ip, 0))  # the OS picks the port: no race with other processes
         server.listen(64)
@@ -122,19 +141,7 @@ class PlainTcpTransport(Transport):
                     conn, _ = server.accept()
                 except OSError:
                     return
-                threading.Thread(target=handshake, args=(conn,), daemon=True).start()
-
-        def handshake(conn):
-            try:
-                conn.settimeout(10)
-                (n,) = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
-                hello = bytes(_recv_exact(conn, n))
-            except (OSError, ConnectionError):
-                conn.close()
-                return
-            link = TcpLink(conn)
-            self._links.append(link)
-            on_accept(link, hello)
+                gate.admit(conn)  # authenticates on a thread of its own, a bounded number at once
 
         threading.Thread(target=accept_loop, name="plaintcp-accept", daemon=True).start()
         return {"host": local_ip, "port": server.getsockname()[1]}
@@ -142,10 +149,14 @@ class PlainTcpTransport(Transport):
     def connect(self, endpoint, hello, deadline):
         left = None if deadline is None else max(0.001, deadline - time.monotonic())
         sock = socket.create_connection((endpoint["host"], endpoint["port"]), timeout=left)
-        sock.sendall(_HELLO.pack(len(hello)) + hello)
-        link = TcpLink(sock)
-        self._links.append(link)
-        return link
+        try:
+            limit = security.handshake_deadline(deadline)
+            security.client_handshake(sock, limit)
+            security.send_hello(sock, hello, limit)
+        except BaseException:
+            sock.close()
+            raise
+        return self._keep(TcpLink(sock))
 
     def probe(self, endpoint):
         try:
@@ -159,5 +170,9 @@ class PlainTcpTransport(Transport):
     def close(self):
         if self._server is not None:
             self._server.close()
-        for link in self._links:
+        if self._gate is not None:
+            self._gate.close()
+        with self._lock:
+            links, self._links = self._links, []
+        for link in links:
             link.close()

@@ -2,7 +2,8 @@
 
 The launcher is a plugin chosen by name (``launcher=`` or ``RLINF_LAUNCHER``)
 or, failing that, the highest-priority usable one installed.  One session per
-launcher is shared by every ``Cluster`` object in a process.
+launcher is shared by every ``Cluster`` object in a process.  Connecting also
+makes the cluster secret (``rlinf.scheduler.security``) if none was given.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-from . import context
+from . import context, security
 from .launcher import LauncherSession
 from .placement import NodeInfo
 from .plugins import get_registry
@@ -31,6 +32,9 @@ def _session_for(launcher: Optional[str], num_nodes: Optional[int], options: dic
             else:
                 session = backend.connect(num_nodes or 1, **options)
             session.launcher_name = entry.name
+            # made after connecting, so the launcher's own daemons never inherit it; group launches
+            # forward it to the workers with the other RLINF_* settings (inside the worker spec)
+            security.cluster_secret()
             _sessions[entry.name] = session
     return session
 

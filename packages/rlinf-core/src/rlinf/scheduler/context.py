@@ -22,7 +22,7 @@ class WorkerContext:
     world_size: int
     info: WorkerInfo
     launcher: str
-    env: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict, repr=False)  # holds the cluster secret: never in a repr
 
 
 _context: Optional[WorkerContext] = None

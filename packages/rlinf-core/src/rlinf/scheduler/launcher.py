@@ -28,7 +28,7 @@ class WorkerSpec:
     world_size: int
     placement: WorkerPlacement
     node: NodeInfo
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # holds the cluster secret: never in a repr
     class_name: str = ""
     methods: tuple = ()  # public methods of the worker class, for launchers that declare them
 

@@ -2,7 +2,8 @@
 
 The suite starts a real second process (``rlinf.testing._echo_peer``) that
 listens with the transport under test and echoes messages back, then checks
-the ``Transport``/``Link`` contract from this process: handshake, frames of
+the ``Transport``/``Link`` contract from this process: authentication (a
+process with another cluster secret is refused), handshake, frames of
 every size, raw flags, order, ``recv_into`` with size checks, both
 directions, deadlines, and what happens when the peer dies.
 """
@@ -62,6 +63,9 @@ class TransportConformance:
 
     @pytest.fixture
     def peer(self):
+        from rlinf.scheduler.security import cluster_secret
+
+        cluster_secret()  # made here if absent, so the peer inherits the same one
         env = dict(os.environ, **self.peer_env)
         p = _Peer(self.transport_name, env)
         yield p
@@ -83,6 +87,22 @@ class TransportConformance:
         link.send([b"hello?"], self.deadline())
         raw, frames = link.recv(self.deadline())
         assert [bytes(f) for f in frames] == [b"hi there", b"hello?"] and raw is False
+
+    def test_a_process_with_another_secret_is_refused(self, transport, peer, monkeypatch):
+        """The listener authenticates (``rlinf.scheduler.security``): another cluster's process cannot connect."""
+        from rlinf.scheduler.security import SECRET_ENV
+
+        right = os.environ[SECRET_ENV]
+        monkeypatch.setenv(SECRET_ENV, "another-cluster-" + "0" * 32)
+        with pytest.raises(ConnectionError) as refused:
+            link = self.connect(transport, peer, b"intruder")
+            link.send([b"hello?"], self.deadline(5))  # refused only now: still must never be echoed
+            link.recv(self.deadline(5))
+        assert right not in str(refused.value)
+        monkeypatch.setenv(SECRET_ENV, right)
+        link = self.connect(transport, peer, b"member")  # the listener still serves its cluster
+        link.send([b"hello?"], self.deadline())
+        assert [bytes(f) for f in link.recv(self.deadline())[1]] == [b"member", b"hello?"]
 
     def test_frames_of_every_size_round_trip(self, transport, peer):
         link = self.connect(transport, peer)

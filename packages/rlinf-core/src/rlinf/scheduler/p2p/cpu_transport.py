@@ -5,6 +5,10 @@ clean up) and large buffers travel through ``memfd`` shared memory: one copy
 on the sender, none on the receiver.  Peers on different hosts (or when
 ``RLINF_CPU_LOCAL=0``) connect over TCP and buffers travel inline.
 
+Every connection starts with ``rlinf.scheduler.security``'s handshake (the
+cluster secret, both ways) and the length-prefixed hello; only then does a
+``SocketLink`` exist.
+
 Wire format of one message::
 
     header  <BBHHH>   kind, flags, nframes, nnew, ndrop
@@ -28,6 +32,7 @@ import time
 import uuid
 from typing import Callable, Optional, Sequence
 
+from .. import security
 from .transport import Link, LinkClosed, Transport
 
 LOCAL_ENV = "RLINF_CPU_LOCAL"
@@ -40,7 +45,6 @@ _HEADER = struct.Struct("<BBHHH")
 _NEWSEG = struct.Struct("<IxxxxQ")
 _DROP = struct.Struct("<I")
 _FRAME = struct.Struct("<BxxxIQQ")
-_HELLO = struct.Struct("<I")
 KIND_DATA = 1
 FLAG_RAW = 1
 INLINE, SHM = 0, 1
@@ -550,6 +554,14 @@ def _tune(sock: socket.socket, tcp: bool) -> None:
 
 
 class CpuTransport(Transport):
+    """Listens on TCP and an abstract Unix socket; every connection is authenticated first.
+
+    Accepted connections go through a ``security.HandshakeGate`` (peer uid on
+    the Unix socket, the cluster-secret challenge both ways, a bounded hello,
+    all under the handshake deadline) before a link exists; outgoing ones run
+    ``security.client_handshake``.  Once per link: messages pay nothing.
+    """
+
     name = "cpu"
 
     def __init__(self):
@@ -558,11 +570,14 @@ class CpuTransport(Transport):
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self._on_accept: Optional[Callable] = None
-        self._links: list[SocketLink] = []
+        self._gate: Optional[security.HandshakeGate] = None
+        self._links: set[SocketLink] = set()  # open links only: a closed one is forgotten
         self._lock = threading.Lock()
 
     def listen(self, on_accept, local_ip: str) -> dict:
+        security.cluster_secret()  # a bad RLINF_CLUSTER_SECRET fails here, before anything listens
         self._on_accept = on_accept
+        self._gate = security.HandshakeGate(self._authenticated, name="rlinf-cpu")
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tcp.bind((local_ip, 0))
         tcp.listen(128)
@@ -595,25 +610,26 @@ class CpuTransport(Transport):
                     conn, _ = key.fileobj.accept()
                 except OSError:
                     continue
-                threading.Thread(target=self._handshake, args=(conn,), name="rlinf-cpu-hello", daemon=True).start()
+                self._gate.admit(conn)  # bounded: never more than a few dozen handshakes in flight
 
-    def _handshake(self, conn: socket.socket) -> None:
+    def _authenticated(self, conn: socket.socket, hello: bytes) -> None:
+        """Called by the gate once the peer proved it holds the cluster secret and sent its hello."""
         is_tcp = conn.family == socket.AF_INET
-        try:
-            conn.setblocking(True)
-            _tune(conn, is_tcp)
-            conn.settimeout(10.0)
-            (n,) = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
-            hello = _recv_exact(conn, n)
-        except (OSError, struct.error):
-            conn.close()
-            return
-        link = SocketLink(conn, local=not is_tcp)
+        _tune(conn, is_tcp)
+        link = self._track(SocketLink(conn, local=not is_tcp))
         if is_tcp:
             link.start_read_ahead()
-        with self._lock:
-            self._links.append(link)
         self._on_accept(link, hello)
+
+    def _track(self, link: SocketLink) -> SocketLink:
+        link.add_close_callback(self._forget)
+        with self._lock:
+            self._links.add(link)
+        return link
+
+    def _forget(self, link: SocketLink) -> None:
+        with self._lock:
+            self._links.discard(link)
 
     def _use_local(self, endpoint: dict) -> bool:
         return os.environ.get(LOCAL_ENV, "1") != "0" and endpoint.get("host") == _host_id()
@@ -633,13 +649,16 @@ class CpuTransport(Transport):
             host, port = endpoint["tcp"]
             sock = socket.create_connection((host, port), timeout=_remaining(deadline))
             local = False
-        _tune(sock, not local)
-        sock.settimeout(_remaining(deadline))
-        sock.sendall(_HELLO.pack(len(hello)) + hello)
-        link = SocketLink(sock, local=local)
-        with self._lock:
-            self._links.append(link)
-        return link
+        try:
+            _tune(sock, not local)
+            # bounded by the handshake timeout even when the operation has no deadline
+            limit = security.handshake_deadline(deadline)
+            security.client_handshake(sock, limit)
+            security.send_hello(sock, hello, limit)
+        except BaseException:
+            sock.close()
+            raise
+        return self._track(SocketLink(sock, local=local))
 
     def probe(self, endpoint: dict) -> bool:
         if endpoint.get("host") == _host_id():
@@ -650,7 +669,7 @@ class CpuTransport(Transport):
                 return False
             except PermissionError:
                 return True
-        try:
+        try:  # a connection that is accepted and dropped unauthenticated: enough to tell the port is served
             socket.create_connection(tuple(endpoint["tcp"]), timeout=2.0).close()
             return True
         except ConnectionRefusedError:
@@ -665,19 +684,11 @@ class CpuTransport(Transport):
                 s.close()
             except OSError:
                 pass
+        if self._gate is not None:
+            self._gate.close()
         if self._selector is not None:  # its epoll descriptor; the accept loop ends on the error
             self._selector.close()
         with self._lock:
-            links, self._links = self._links, []
+            links, self._links = list(self._links), set()
         for link in links:
             link.close()
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise OSError("connection closed during handshake")
-        out += chunk
-    return bytes(out)

@@ -40,6 +40,15 @@ Rules a plugin follows:
   implement ``rlinf.scheduler.p2p.transport.Transport``.  Core owns message
   formats, ordering, timeouts and error reporting; a backend moves processes
   or bytes.
+* Every listener authenticates its peer before it reads a byte of hello or
+  payload, with ``rlinf.scheduler.security``: pass each accepted socket to a
+  ``HandshakeGate`` (uid check on Unix sockets, mutual HMAC challenge on the
+  cluster secret, bounded hello, deadline, bounded handshakes in flight) and
+  run ``client_handshake`` + ``send_hello`` on each socket you connect.
+  Nothing from an unauthenticated connection is ever unpickled.  Launchers
+  forward the driver's ``WorkerSpec.env`` (it carries ``RLINF_CLUSTER_SECRET``)
+  only through their own authenticated channel, never a file or command line.
+  See ``docs/security.md``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,322 @@
+"""Who may connect: the cluster secret and the handshake every listener runs first.
+
+Workers accept connections from their peers (point-to-point links, channel
+clients).  Without a check, any process that can reach a port (or read the
+names of abstract Unix sockets in ``/proc/net/unix``) could claim to be a
+peer and send a pickle that the worker's next ``recv`` would run.  So every
+listener admits only processes of its own cluster:
+
+* The driver makes a random **cluster secret** when it connects to its
+  cluster (or takes ``RLINF_CLUSTER_SECRET`` from its environment, for a
+  cluster whose processes were started elsewhere).  It travels to the workers
+  inside the worker spec, over the launcher's own authenticated channel (the
+  Ray actor call, the MPI communicator): never in a file or on a command line.
+* Before a single byte of a hello or payload is read, both sides prove that
+  they hold the secret: a mutual challenge-response with HMAC-SHA256 over
+  fresh random nonces, compared in constant time (the scheme of
+  ``multiprocessing.connection``'s authkey, in both directions).  The handshake
+  has a deadline and the hello after it a size limit.
+* On a Unix socket the listener first checks the peer's uid (``SO_PEERCRED``):
+  another user's process is refused before the challenge.
+* ``HandshakeGate`` runs the server side for a listener with a bounded number
+  of handshakes in flight, so a flood of idle connections costs neither
+  threads nor descriptors without limit.
+
+A transport (built in or third party) calls ``HandshakeGate.admit`` for each
+accepted connection and ``client_handshake`` + ``send_hello`` on each
+connection it makes; see ``docs/security.md`` and ``docs/plugins.md``.
+Refusals are logged at DEBUG level on the ``rlinf.security`` logger.  The
+secret itself never appears in a log, a repr or an error message.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+from typing import Callable, Optional
+
+#: the cluster secret (made by the driver when absent; give one for a cluster started elsewhere)
+SECRET_ENV = "RLINF_CLUSTER_SECRET"
+#: seconds a connection has to complete the handshake and send its hello (default 5)
+HANDSHAKE_TIMEOUT_ENV = "RLINF_HANDSHAKE_TIMEOUT"
+DEFAULT_HANDSHAKE_TIMEOUT = 5.0
+#: the largest hello a listener reads
+MAX_HELLO = 64 << 10
+#: handshakes one listener runs at once; past it the oldest pending one is dropped
+MAX_PENDING_HANDSHAKES = 64
+MIN_SECRET_CHARS = 16
+
+_MAGIC = b"RLINFA1\n"  # names the protocol and its version, so a stray client fails clearly
+_NONCE = 32
+_DIGEST = hashlib.sha256().digest_size
+_HELLO_LEN = struct.Struct("<I")
+_UCRED = struct.Struct("3i")  # pid, uid, gid
+
+log = logging.getLogger("rlinf.security")
+
+
+class HandshakeError(ConnectionError):
+    """The other side did not prove it belongs to this cluster, or broke the handshake."""
+
+
+# -- the secret ---------------------------------------------------------------------
+def cluster_secret() -> bytes:
+    """This process's cluster secret, made (and put in the environment) if there is none yet.
+
+    Kept in ``os.environ`` so that the driver's launch forwards it to the
+    workers with the other ``RLINF_*`` settings, and processes this one starts
+    inherit it.  A secret given by the user must be at least 16 characters.
+    """
+    raw = os.environ.get(SECRET_ENV)
+    if not raw:
+        raw = os.environ[SECRET_ENV] = secrets.token_urlsafe(32)
+    elif len(raw) < MIN_SECRET_CHARS:
+        raise ValueError(
+            f"{SECRET_ENV} is too short ({len(raw)} characters, at least {MIN_SECRET_CHARS} needed); "
+            f"make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    return raw.encode()
+
+
+def handshake_timeout() -> float:
+    raw = os.environ.get(HANDSHAKE_TIMEOUT_ENV)
+    if not raw:
+        return DEFAULT_HANDSHAKE_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{HANDSHAKE_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{HANDSHAKE_TIMEOUT_ENV}={raw!r} must be positive")
+    return value
+
+
+def handshake_deadline(deadline: Optional[float] = None) -> float:
+    """The earlier of ``deadline`` and the handshake timeout from now: a handshake never waits longer."""
+    own = time.monotonic() + handshake_timeout()
+    return own if deadline is None else min(deadline, own)
+
+
+# -- bounded socket I/O ----------------------------------------------------------------
+def _settimeout(sock: socket.socket, deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise HandshakeError("the handshake did not complete before its deadline")
+    sock.settimeout(left)
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    pos = 0
+    while pos < n:
+        _settimeout(sock, deadline)
+        try:
+            got = sock.recv_into(view[pos:])
+        except socket.timeout:
+            raise HandshakeError("the handshake did not complete before its deadline") from None
+        if got == 0:
+            raise HandshakeError("the other side closed the connection during the handshake")
+        pos += got
+    return bytes(buf)
+
+
+def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
+    _settimeout(sock, deadline)
+    try:
+        sock.sendall(data)
+    except socket.timeout:
+        raise HandshakeError("the handshake did not complete before its deadline") from None
+
+
+def _mac(key: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
+    # the role label keeps a proof made as a client from being replayed as a server's, and vice versa
+    return hmac.new(key, role + first + second, hashlib.sha256).digest()
+
+
+# -- the handshake ----------------------------------------------------------------------
+def peer_credentials(sock: socket.socket) -> Optional[tuple[int, int, int]]:
+    """``(pid, uid, gid)`` of the process at the other end of a Unix socket, else None."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if sock.family != socket.AF_UNIX or opt is None:
+        return None
+    return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, opt, _UCRED.size))
+
+
+def check_peer_uid(sock: socket.socket) -> None:
+    """On a Unix socket, refuse a peer running as another user (before any byte is exchanged)."""
+    creds = peer_credentials(sock)
+    if creds is not None and creds[1] != os.getuid():
+        raise HandshakeError(f"the process at the other end (pid {creds[0]}) runs as uid {creds[1]}, not {os.getuid()}")
+
+
+def server_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] = None) -> None:
+    """The listening side: prove the peer holds the cluster secret (``key``, default this process's), then prove we do.
+
+    Raises ``HandshakeError`` (the caller closes the socket) if the peer is
+    another user (Unix sockets), answers wrongly, closes, or is too slow.
+    """
+    check_peer_uid(sock)
+    key = key or cluster_secret()
+    challenge = secrets.token_bytes(_NONCE)
+    _send_all(sock, _MAGIC + challenge, deadline)
+    reply = _recv_exact(sock, _NONCE + _DIGEST, deadline)
+    theirs, proof = reply[:_NONCE], reply[_NONCE:]
+    if not hmac.compare_digest(proof, _mac(key, b"client", challenge, theirs)):
+        raise HandshakeError("the peer does not hold this cluster's secret")
+    _send_all(sock, _mac(key, b"server", theirs, challenge), deadline)
+
+
+def client_handshake(sock: socket.socket, deadline: float) -> None:
+    """The connecting side: answer the listener's challenge and check its proof in turn.
+
+    Raises ``HandshakeError`` if the listener is not an rlinf listener of this
+    cluster (another secret, another user, another program).
+    """
+    check_peer_uid(sock)
+    key = cluster_secret()
+    head = _recv_exact(sock, len(_MAGIC) + _NONCE, deadline)
+    if head[: len(_MAGIC)] != _MAGIC:
+        raise HandshakeError("the listener did not start an rlinf handshake (another program, or another rlinf version)")
+    challenge = head[len(_MAGIC):]
+    ours = secrets.token_bytes(_NONCE)
+    _send_all(sock, ours + _mac(key, b"client", challenge, ours), deadline)
+    try:
+        proof = _recv_exact(sock, _DIGEST, deadline)
+    except HandshakeError as exc:
+        raise HandshakeError(
+            f"the listener refused this process ({exc}); both sides must hold the same cluster secret "
+            f"({SECRET_ENV}, which a driver forwards to the workers it launches)"
+        ) from None
+    if not hmac.compare_digest(proof, _mac(key, b"server", ours, challenge)):
+        raise HandshakeError("the listener does not hold this cluster's secret")
+
+
+def send_hello(sock: socket.socket, hello: bytes, deadline: float) -> None:
+    """Send the connection's hello (length-prefixed, at most ``MAX_HELLO`` bytes), after ``client_handshake``."""
+    if len(hello) > MAX_HELLO:
+        raise ValueError(f"a hello of {len(hello)} bytes is over the {MAX_HELLO}-byte limit")
+    _send_all(sock, _HELLO_LEN.pack(len(hello)) + bytes(hello), deadline)
+
+
+def recv_hello(sock: socket.socket, deadline: float) -> bytes:
+    """Read the hello that ``send_hello`` sent, refusing one over ``MAX_HELLO`` bytes before reading it."""
+    (n,) = _HELLO_LEN.unpack(_recv_exact(sock, _HELLO_LEN.size, deadline))
+    if n > MAX_HELLO:
+        raise HandshakeError(f"a hello of {n} bytes is over the {MAX_HELLO}-byte limit")
+    return _recv_exact(sock, n, deadline)
+
+
+def describe_peer(sock: socket.socket) -> str:
+    """Who is at the other end, for a log line (address, or pid and uid on a Unix socket)."""
+    try:
+        creds = peer_credentials(sock)
+        if creds is not None:
+            return f"unix peer pid {creds[0]} uid {creds[1]}"
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "an unknown peer"
+
+
+class HandshakeGate:
+    """The server side of the handshake for one listener, with a bound on handshakes in flight.
+
+    ``admit(conn)`` for each accepted connection: a thread authenticates it
+    (``server_handshake``) and reads its hello (``recv_hello``) under one
+    deadline, then calls ``on_ready(conn, hello)`` on that thread.  A refused,
+    malformed or slow connection is closed and logged at DEBUG level; it never
+    reaches ``on_ready``.  At most ``limit`` handshakes run at once: when a
+    connection arrives with all of them busy, the oldest pending one (an idle
+    connection, most likely: a real peer finishes in one round trip) is
+    dropped, so a burst of idle connections delays real peers by nothing.
+    """
+
+    def __init__(self, on_ready: Callable[[socket.socket, bytes], None], name: str = "rlinf",
+                 limit: int = MAX_PENDING_HANDSHAKES):
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit!r}")
+        self._on_ready = on_ready
+        self._name = name
+        self._limit = limit
+        self._timeout = handshake_timeout()
+        self._key = cluster_secret()  # fixed for the listener's life
+        self._pending: "collections.OrderedDict[socket.socket, float]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def admit(self, conn: socket.socket) -> None:
+        """Take an accepted connection; never blocks and never raises."""
+        try:
+            check_peer_uid(conn)  # another user's process: refused here, before the challenge and any thread
+        except (HandshakeError, OSError) as exc:
+            conn.close()
+            log.debug("%s: refused a connection: %s", self._name, exc)
+            return
+        with self._lock:
+            if self._closed:
+                conn.close()
+                return
+            if len(self._pending) >= self._limit:
+                oldest, _ = self._pending.popitem(last=False)
+                log.debug("%s: %d handshakes pending; dropping the oldest (%s)", self._name, self._limit,
+                          describe_peer(oldest))
+                _abort(oldest)
+            self._pending[conn] = time.monotonic()
+        try:
+            threading.Thread(target=self._run, args=(conn,), name=f"{self._name}-handshake", daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had: refuse this one, keep accepting
+            with self._lock:
+                self._pending.pop(conn, None)
+            conn.close()
+            log.debug("%s: refused a connection: %s", self._name, exc)
+
+    def _run(self, conn: socket.socket) -> None:
+        deadline = time.monotonic() + self._timeout
+        who = describe_peer(conn)
+        try:
+            server_handshake(conn, deadline, self._key)
+            hello = recv_hello(conn, deadline)
+        except Exception as exc:  # refused, malformed, slow or dropped: the connection ends here
+            with self._lock:
+                self._pending.pop(conn, None)
+            conn.close()
+            log.debug("%s: refused a connection from %s: %s", self._name, who, _reason(exc))
+            return
+        with self._lock:
+            if self._pending.pop(conn, None) is None:  # dropped by admit() or close() meanwhile
+                conn.close()
+                return
+        try:
+            self._on_ready(conn, hello)
+        except Exception:
+            log.debug("%s: could not take the connection from %s", self._name, who, exc_info=True)
+            conn.close()
+
+    def close(self) -> None:
+        """Stop admitting; end the handshakes in flight."""
+        with self._lock:
+            self._closed = True
+            pending, self._pending = list(self._pending), collections.OrderedDict()
+        for conn in pending:
+            _abort(conn)
+
+
+def _abort(conn: socket.socket) -> None:
+    """End a connection that a handshake thread is blocked on: shutdown wakes it, its thread closes it."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, HandshakeError) else f"{type(exc).__name__}: {exc}"
