@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import context, timing
-from .address import RankPath, WorkerAddress
-from .info import WorkerInfo
+from .. import context, timing
+from ..address import RankPath, WorkerAddress
+from ..info import WorkerInfo
 
 if TYPE_CHECKING:
-    from .group import WorkerGroup
-    from .p2p.options import CollectiveGroupOptions
+    from ..group import WorkerGroup
+    from ..p2p.options import CollectiveGroupOptions
 
 
 _api = None
@@ -28,7 +28,7 @@ def _p2p():
     """The point-to-point module, imported on first use (driver processes never need it)."""
     global _api
     if _api is None:
-        from .p2p import api
+        from ..p2p import api
 
         _api = api
     return _api
@@ -58,7 +58,7 @@ class Worker:
     @classmethod
     def create_group(cls, *args, **kwargs) -> "WorkerGroup":
         """An unlaunched group of this class; ``.launch(cluster, ...)`` starts it."""
-        from .group import WorkerGroup
+        from ..group import WorkerGroup
 
         return WorkerGroup(cls, args, kwargs)
 
@@ -153,12 +153,12 @@ class Worker:
     # -- channels -----------------------------------------------------------------
     def create_channel(self, name: Optional[str] = None, node_id: Optional[int] = None, maxsize: int = 0, **aliases):
         """Create (or connect to) the FIFO channel ``name`` hosted on node ``node_id``."""
-        from .channel import create_channel_from_worker
+        from ..channel import create_channel_from_worker
 
         return create_channel_from_worker(name, node_id, maxsize, aliases)
 
     def connect_channel(self, name: Optional[str] = None, **aliases):
         """Connect to the existing channel ``name``."""
-        from .channel import Channel
+        from ..channel import Channel
 
         return Channel.connect(aliases.pop("channel_name", name), **aliases)
