@@ -91,6 +91,10 @@ class WorkerHost:
             available_gpus=list(range(len(placement.local_gpu_ids))),
             pid=os.getpid(),
             hostname=socket.gethostname(),
+            group_world_size=spec.world_size,
+            local_rank=placement.local_rank,
+            local_world_size=placement.local_world_size,
+            accelerator_type="NV_GPU" if placement.local_gpu_ids else "NO_ACCEL",
         )
         self._ctx = context.WorkerContext(
             group_key=spec.group_key,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-from .. import context, timing
+from .. import accelerator, context, timing
 from ..address import RankPath, WorkerAddress
 from ..info import WorkerInfo
 
@@ -39,6 +39,22 @@ class Worker:
 
     #: decorator that times a method under a tag: ``@Worker.timer("train_step")``
     timer = staticmethod(timing.timer)
+
+    # -- accelerator (RLinf class attributes; valid in the driver and every worker) --
+    @accelerator.lazy_class_attribute
+    def torch_platform():
+        """The torch module of this process's accelerator (``torch.cuda``; ``torch.cpu`` without one)."""
+        return accelerator.torch_platform()
+
+    @accelerator.lazy_class_attribute
+    def torch_device_type():
+        """``"cuda"``, ``"cpu"``, ...: what ``torch.device(...)`` takes for this process's accelerator."""
+        return accelerator.detect()[1]
+
+    @accelerator.lazy_class_attribute
+    def accelerator_type():
+        """``"NV_GPU"`` or ``"NO_ACCEL"``."""
+        return accelerator.detect()[0]
 
     def __init__(self):
         ctx = context.current()
@@ -76,9 +92,17 @@ class Worker:
         return self._group_name
 
     # -- timing -------------------------------------------------------------------
-    def worker_timer(self, tag: str):
-        """Context manager recording the body's wall time under ``tag`` for this call."""
-        return timing.worker_timer(tag)
+    def worker_timer(self, tag: Optional[str] = None):
+        """Context manager recording the body's wall time under ``tag`` (default: the calling function's name)."""
+        return timing.worker_timer(tag, _depth=2)
+
+    def pop_execution_time(self, tag: str) -> float:
+        """Seconds recorded under ``tag`` in this worker since it was last popped (``ValueError`` if none)."""
+        return timing.pop_execution_time(tag)
+
+    def pop_execution_times(self) -> dict:
+        """All timings recorded in this worker since the last pop, ``{tag: seconds}``; clears them."""
+        return timing.pop_execution_times()
 
     # -- logging ------------------------------------------------------------------
     def log_info(self, msg: str) -> None:
