@@ -9,10 +9,9 @@ channels.  Communication is delegated to the process's communicator.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-from .. import accelerator, context, timing
+from .. import accelerator, context, timing, worker_logging
 from ..address import RankPath, WorkerAddress
 from ..info import WorkerInfo
 
@@ -68,7 +67,7 @@ class Worker:
             self._worker_address = ctx.address
             self._worker_info = ctx.info
         self._group_name = self._worker_address.group_key
-        self._logger = logging.getLogger(f"rlinf.worker.{self._worker_address.get_name()}")
+        self._logger = worker_logging.worker_logger(self._worker_address.get_name())
 
     # -- group creation ---------------------------------------------------------
     @classmethod
@@ -105,14 +104,30 @@ class Worker:
         return timing.pop_execution_times()
 
     # -- logging ------------------------------------------------------------------
+    #: the worker's logger (``Worker.logger`` on the class: the logger all workers share)
+    logger = worker_logging.LoggerAttribute()
+
+    def log_debug(self, msg: str) -> None:
+        self._logger.debug(msg, stacklevel=2)
+
     def log_info(self, msg: str) -> None:
-        self._logger.info(msg)
+        self._logger.info(msg, stacklevel=2)
 
     def log_warning(self, msg: str) -> None:
-        self._logger.warning(msg)
+        self._logger.warning(msg, stacklevel=2)
 
     def log_error(self, msg: str) -> None:
-        self._logger.error(msg)
+        self._logger.error(msg, stacklevel=2)
+
+    def log_on_first_rank(self, msg: str) -> None:
+        """Log at INFO on rank 0 only."""
+        if self._rank == 0:
+            self._logger.info(msg, stacklevel=2)
+
+    def log_on_last_rank(self, msg: str) -> None:
+        """Log at INFO on the last rank only."""
+        if self._rank == self._world_size - 1:
+            self._logger.info(msg, stacklevel=2)
 
     # -- point-to-point -----------------------------------------------------------
     def send(
