@@ -99,6 +99,8 @@ class ComponentPlacement:
     ``config`` is the whole config (``config.cluster.component_placement``), the
     cluster section itself (``config.component_placement``), or ``None`` to use
     the config the cluster was created with (``Cluster(cluster_cfg=...)``).
+    ``cluster`` is the ``Cluster``, or the list of ``NodeInfo`` to plan for
+    (planning for a cluster one is not connected to).
     """
 
     def __init__(self, config: Any, cluster):
@@ -109,10 +111,12 @@ class ComponentPlacement:
         if placement_cfg is None:
             raise PlacementError("the config has no cluster.component_placement")
         self._cluster = cluster
-        self._num_accelerators = cluster.num_accelerators
+        nodes = list(cluster.nodes) if hasattr(cluster, "nodes") else list(cluster)
+        self._nodes = nodes
+        self._num_accelerators = sum(n.num_gpus for n in nodes)
         self._on_accelerators = self._num_accelerators > 0
         self._resource = "GPU" if self._on_accelerators else "node"
-        total = self._num_accelerators if self._on_accelerators else cluster.num_nodes
+        total = self._num_accelerators if self._on_accelerators else len(nodes)
         self._components: list[str] = []
         self._component_resources: dict[str, list[int]] = {}
         self._component_processes: dict[str, int] = {}
@@ -129,7 +133,7 @@ class ComponentPlacement:
                 self._component_resources[name] = resources
                 self._component_processes[name] = processes
                 self._placements[name] = strategy = self._strategy(name, resources, processes)
-                strategy.get_placement(cluster.nodes)  # fails now, naming the component's strategy, if it cannot fit
+                strategy.get_placement(nodes)  # fails now, naming the component's strategy, if it cannot fit
         self._placement_mode = self._detect_mode()
 
     # -- parsing ----------------------------------------------------------------------
