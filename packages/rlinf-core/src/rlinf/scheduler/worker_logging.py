@@ -62,7 +62,7 @@ def configure_worker_process() -> None:
     if ctx is None:
         return
     prefix = f"[{ctx.address.get_name()} node {ctx.info.node_id} {ctx.info.node_ip}]"
-    formatter = logging.Formatter(f"{prefix} %(asctime)s %(levelname)s %(name)s: %(message)s")
+    formatter = _PrefixFormatter(prefix)
     stream = logging.StreamHandler(sys.stderr)
     _installed.append(stream)
     log_dir = ctx.env.get(LOG_DIR_ENV) or os.environ.get(LOG_DIR_ENV)
@@ -81,13 +81,25 @@ def configure_worker_process() -> None:
     root.propagate = False  # the worker's own root logger config (if any) does not print it twice
 
 
+class _PrefixFormatter(logging.Formatter):
+    """Every line of a record (tracebacks, multi-line messages) starts with the worker's prefix."""
+
+    def __init__(self, prefix: str):
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self._prefix = prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(f"{self._prefix} {line}" for line in super().format(record).splitlines())
+
+
 def worker_logger(address_name: Optional[str]) -> logging.Logger:
     return logging.getLogger(f"{WORKER_ROOT}.{address_name}" if address_name else WORKER_ROOT)
 
 
 def report_call_failure(err) -> None:
     """One line per failed call, as it happens: seen in the driver even if nobody waits on the call."""
-    logging.getLogger(f"{WORKER_ROOT}.calls").error("%s", err.args[0] if err.args else err)
+    text = str(err.args[0] if err.args else err)
+    logging.getLogger(f"{WORKER_ROOT}.calls").error("%s", text.splitlines()[0] if text else type(err).__name__)
 
 
 class LoggerAttribute:
