@@ -3,6 +3,11 @@
 ``group.method(...)`` submits the call to every selected worker and returns a
 ``WorkerGroupFuncResult`` at once.  Launch validates everything it can
 (placement, name, picklability) before any process starts.
+
+A worker method always wins over a group helper of the same name: on a
+launched group whose workers define ``stop``, ``group.stop()`` calls theirs
+(RLinf runners stop env workers so).  The helper itself stays reachable
+through the class: ``WorkerGroup.stop(group)``.
 """
 
 from __future__ import annotations
