@@ -7,6 +7,7 @@ run unchanged; launchers and transports are plugins (see ``plugins.hookspecs``).
 from .address import WorkerAddress
 from .channel import Channel
 from .cluster import Cluster
+from .component_placement import ComponentPlacement, HybridComponentPlacement, PlacementMode
 from .errors import (
     CommTimeoutError,
     CommunicationError,
@@ -37,6 +38,9 @@ __all__ = [
     "CollectiveGroupOptions",
     "CommTimeoutError",
     "CommunicationError",
+    "ComponentPlacement",
+    "HybridComponentPlacement",
+    "PlacementMode",
     "FlexiblePlacementStrategy",
     "GroupNameError",
     "LaunchError",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
-from . import context, security
+from . import context, security, worker_logging
 from .launcher import LauncherSession
 from .placement import NodeInfo
 from .plugins import get_registry
@@ -54,6 +54,7 @@ class Cluster:
     """The set of nodes workers can be placed on."""
 
     def __init__(self, num_nodes: Optional[int] = None, launcher: Optional[str] = None, **options):
+        worker_logging.take_cluster_options(options)  # distributed_log_dir=
         if num_nodes is not None and (isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1):
             raise ValueError(f"num_nodes must be a positive int, got {num_nodes!r}")
         self._session = _session_for(launcher, num_nodes, options)

@@ -3,6 +3,11 @@
 ``group.method(...)`` submits the call to every selected worker and returns a
 ``WorkerGroupFuncResult`` at once.  Launch validates everything it can
 (placement, name, picklability) before any process starts.
+
+A worker method always wins over a group helper of the same name: on a
+launched group whose workers define ``stop``, ``group.stop()`` calls theirs
+(RLinf runners stop env workers so).  The helper itself stays reachable
+through the class: ``WorkerGroup.stop(group)``.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from typing import Any, Optional
 from . import config, context
 from .address import WorkerAddress, validate_group_name
 from .cluster import Cluster
-from .errors import GroupNameError, WorkerDiedError, WorkerError, WorkerMethodError
+from .errors import GroupNameError, LaunchError, WorkerDiedError, WorkerError, WorkerMethodError
+from .host import async_methods
 from .launcher import CallOutcome, Died, GroupRecord, LauncherSession, Rejected, WorkerRecord, WorkerSpec
 from .placement import PlacementStrategy, default_placement
 from .plugins import get_registry
@@ -45,7 +51,7 @@ def stop_launched_groups() -> None:
     """Stop every group this process launched (its worker is being released)."""
     for group in list(_launched):
         try:
-            group.stop()
+            WorkerGroup.stop(group)  # the group's own stop, even if its workers define one
         except Exception:
             pass
 
@@ -101,7 +107,7 @@ class WorkerGroupFuncResult:
         except TimeoutError:
             pending = [r for r, c in zip(self._ranks, self._calls) if not c.done()]
             raise TimeoutError(
-                f"method {self._method!r} on group {self._group.worker_group_name!r} did not finish within "
+                f"method {self._method!r} on group {self._group._name!r} did not finish within "
                 f"{timeout} s; ranks still running: {pending}"
             ) from None
         return self._finish(outcomes)
@@ -175,11 +181,29 @@ class WorkerGroup:
         cluster: Optional[Cluster] = None,
         placement_strategy: Optional[PlacementStrategy] = None,
         name: Optional[str] = None,
+        max_concurrency: Optional[int] = None,
+        isolate_gpu: bool = True,
+        catch_system_failure: Optional[bool] = None,
         timeout: Optional[float] = None,
-        **_ignored,
     ) -> "WorkerGroup":
+        """Start one worker per placement; every keyword RLinf's ``launch`` takes is honoured.
+
+        ``max_concurrency``: most calls one worker runs at once (async workers:
+        default 1000, as Ray's async actors; others: 1).  ``isolate_gpu=False``
+        lets each worker see all accelerators of its node instead of only its
+        own.  ``catch_system_failure`` (default: env ``RLINF_CATCH_FAILURE``, else
+        True): a ``SystemExit`` raised in a call is reported as that call's error;
+        with False it ends the worker process (reported as a dead worker).
+        """
         if self._session is not None:
             raise RuntimeError(f"group {self._name!r} is already launched")
+        if max_concurrency is not None and (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
+                                            or max_concurrency < 1):
+            raise ValueError(f"max_concurrency must be a positive int or None, got {max_concurrency!r}")
+        if not isinstance(isolate_gpu, bool):
+            raise TypeError(f"isolate_gpu must be a bool, got {isolate_gpu!r}")
+        if catch_system_failure is not None and not isinstance(catch_system_failure, bool):
+            raise TypeError(f"catch_system_failure must be a bool or None, got {catch_system_failure!r}")
         if cluster is None:
             cluster = Cluster()
         elif not isinstance(cluster, Cluster):
@@ -194,6 +218,17 @@ class WorkerGroup:
             base = WorkerAddress(key)
         strategy = placement_strategy or default_placement(cluster.nodes)
         placements = strategy.get_placement(cluster.nodes)
+        coroutines = async_methods(self._cls, sorted(self._methods))
+        # what the launcher must offer (its session's ``concurrency``): calls as tasks on one
+        # loop for async workers, calls on several threads for sync workers with max_concurrency > 1
+        need = "async" if coroutines else ("threads" if (max_concurrency or 1) > 1 else None)
+        if need is not None and need not in getattr(cluster.session, "concurrency", ()):
+            what = f"has async methods {list(coroutines)}" if coroutines else f"asks for max_concurrency={max_concurrency}"
+            raise LaunchError(
+                f"worker class {self._cls.__name__} {what}, but the {cluster.launcher_name!r} launcher cannot run "
+                f"its calls concurrently ({'async workers' if coroutines else 'threaded calls'} are not supported there)",
+                group=name,
+            )
         try:
             payload = dumps_worker_payload(self._cls, self._args, self._kwargs)
         except Exception as exc:
@@ -226,11 +261,17 @@ class WorkerGroup:
                 "NODE_RANK": str(p.node_rank),
                 config.PLUGIN_SOURCES_ENV: plugin_sources,
             }
+            if catch_system_failure is not None:
+                env["RLINF_CATCH_FAILURE"] = "1" if catch_system_failure else "0"
             if p.local_gpu_ids:
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.local_gpu_ids))
+                if isolate_gpu:
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.local_gpu_ids))
+                else:  # the whole node's devices; LOCAL_RANK still counts workers on the node
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(nodes[p.node_rank].num_gpus)))
+                    env["RLINF_ISOLATE_GPU"] = "0"
             specs.append(
                 WorkerSpec(key, base.get_child_address(p.rank), len(placements), p, nodes[p.node_rank], env,
-                           self._cls.__name__, tuple(sorted(self._methods)))
+                           self._cls.__name__, tuple(sorted(self._methods)), coroutines, max_concurrency)
             )
         try:
             started = session.start_workers(specs, payload, timeout or config.launch_timeout())
@@ -269,15 +310,25 @@ class WorkerGroup:
             flat.extend(r if isinstance(r, (list, tuple)) else [r])
         if not flat:
             raise ValueError("execute_on() needs at least one rank")
+        size = len(self._records)
         for r in flat:
-            if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.world_size:
+            if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < size:
                 raise ValueError(
-                    f"execute_on: rank {r!r} is out of range for group {self._name!r} of {self.world_size} worker(s)"
+                    f"execute_on: rank {r!r} is out of range for group {self._name!r} of {size} worker(s)"
                 )
         self._selection = flat
         return self
 
     # -- calls ----------------------------------------------------------------
+    def __getattribute__(self, name: str):
+        # A worker method wins over a group helper of the same name once the group runs
+        # (``group.stop()`` calls the workers' ``stop``); see ``_CONTROLS``.
+        if name in _CONTROLS:
+            d = object.__getattribute__(self, "__dict__")
+            if d.get("_session") is not None and name in d.get("_methods", ()):
+                return _MethodCaller(self, name)
+        return object.__getattribute__(self, name)
+
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(
@@ -339,5 +390,10 @@ class WorkerGroup:
             self._session = None
 
     def __repr__(self):
-        state = f"{self.world_size} workers" if self._session else "not launched"
+        state = f"{len(self._records)} workers" if self._session else "not launched"
         return f"<WorkerGroup {self._name or self._cls.__name__}: {state}>"
+
+
+#: the group's own public attributes (controls); a worker method of the same name shadows them
+#: on a launched group, and ``WorkerGroup.<name>`` on the class still reaches the control
+_CONTROLS = frozenset(n for n in dir(WorkerGroup) if not n.startswith("_"))

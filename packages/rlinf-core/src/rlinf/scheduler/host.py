@@ -15,9 +15,10 @@ import os
 import pickle
 import socket
 import sys
+import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import context, timing
 from .errors import CommunicationError, LaunchError, WorkerMethodError
@@ -47,14 +48,39 @@ def _picklable(exc: BaseException) -> Optional[BaseException]:
         return None
 
 
+def async_methods(cls: type, names) -> tuple:
+    """The methods among ``names`` that are ``async def`` (the class is then an async worker)."""
+    return tuple(n for n in names if inspect.iscoroutinefunction(inspect.getattr_static(cls, n, None))
+                 or inspect.iscoroutinefunction(getattr(cls, n, None)))
+
+
+def _cancel_all_and_stop(loop: asyncio.AbstractEventLoop) -> None:
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
+    loop.stop()
+
+
 class WorkerHost:
-    """Owns the user's worker object inside its process."""
+    """Owns the user's worker object inside its process.
+
+    A worker class with any ``async def`` method is an *async worker*, as a Ray
+    async actor is: its calls run as tasks on one event loop that lives as long
+    as the worker, so a second call (``stop()``) runs while a first one
+    (``interact()``) awaits, and tasks a call creates keep running between
+    calls.  Launchers with their own loop (Ray's async actors) await
+    ``execute_async`` on it; others hand calls to ``submit``, which runs them on
+    a loop thread owned by this host.  Other workers run one call at a time.
+    """
 
     def __init__(self):
         self._instance: Any = None
         self._ctx: Optional[context.WorkerContext] = None
         self._held_port: Optional[socket.socket] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop_thread: Optional[threading.Thread] = None
+        self._limit: Optional[asyncio.Semaphore] = None
+        self._max_concurrency: Optional[int] = None
+        self.is_async = False
 
     # -- start-up -----------------------------------------------------------
     def reserve_master_port(self) -> int:
@@ -88,9 +114,15 @@ class WorkerHost:
             node_id=placement.node_rank,
             gpu_id=placement.gpu_id,
             node_ip=node_ip,
-            available_gpus=list(range(len(placement.local_gpu_ids))),
+            # isolated (default): the worker sees only its devices, numbered from 0
+            available_gpus=list(range(len(placement.local_gpu_ids))) if env.get("RLINF_ISOLATE_GPU") != "0"
+            else list(placement.local_gpu_ids),
             pid=os.getpid(),
             hostname=socket.gethostname(),
+            group_world_size=spec.world_size,
+            local_rank=placement.local_rank,
+            local_world_size=placement.local_world_size,
+            accelerator_type="NV_GPU" if placement.local_gpu_ids else "NO_ACCEL",
         )
         self._ctx = context.WorkerContext(
             group_key=spec.group_key,
@@ -102,6 +134,11 @@ class WorkerHost:
             env=env,
         )
         context.set_current(self._ctx)
+        self.is_async = bool(spec.async_methods)
+        self._max_concurrency = spec.max_concurrency
+        from . import worker_logging  # after the context: the worker's log lines carry its address
+
+        worker_logging.configure_worker_process()
         try:
             cls, args, kwargs = loads_worker_payload(payload)
         except BaseException as exc:
@@ -128,7 +165,11 @@ class WorkerHost:
     def execute(self, method: str, args: tuple, kwargs: dict):
         """Run one method call; never raises for errors in user code.
 
-        Returns the outcome in wire form (``launcher.to_wire``)."""
+        Returns the outcome in wire form (``launcher.to_wire``).  For an async
+        worker, blocks the calling thread until the call's task on the worker's
+        loop is done (other calls keep running on that loop meanwhile)."""
+        if self.is_async:  # waits as long as the user's method runs, like any call
+            return asyncio.run_coroutine_threadsafe(self.execute_async(method, args, kwargs), self._own_loop()).result()
         with timing.capture_durations() as durations:
             try:
                 result = getattr(self._instance, method)(*args, **kwargs)
@@ -136,22 +177,94 @@ class WorkerHost:
                     result = self._event_loop().run_until_complete(result)
                 return to_wire(CallOutcome(True, result, durations))
             except BaseException as exc:
-                if isinstance(exc, KeyboardInterrupt):
+                if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, SystemExit) and not self._catch_failure()):
                     raise
-                err = WorkerMethodError(
-                    f"{type(exc).__name__}: {exc}",
-                    exc_type=type(exc).__name__,
-                    remote_traceback=traceback.format_exc(),
-                    timestamp=time.time(),
-                    **self._error_fields(method),
-                )
-                err.secondary = bool(getattr(exc, "secondary", False)) and isinstance(exc, CommunicationError)
-                err.cause = _picklable(exc)
-                return to_wire(CallOutcome(False, err, durations))
+                return self._failure(method, exc, durations)
+
+    async def execute_async(self, method: str, args: tuple, kwargs: dict):
+        """``execute`` as a task on the running loop: concurrent with the worker's other calls."""
+        limit = self._concurrency_limit()
+        if limit is not None:
+            await limit.acquire()
+        try:
+            with timing.capture_durations() as durations:
+                try:
+                    result = getattr(self._instance, method)(*args, **kwargs)
+                    if inspect.isawaitable(result):
+                        result = await result
+                    return to_wire(CallOutcome(True, result, durations))
+                except BaseException as exc:
+                    if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, SystemExit) and not self._catch_failure()):
+                        raise
+                    return self._failure(method, exc, durations)
+        finally:
+            if limit is not None:
+                limit.release()
+
+    def submit(self, method: str, args: tuple, kwargs: dict, on_done: Callable[[Any], None]) -> None:
+        """Start a call of an async worker on the host's loop thread; ``on_done(wire)`` gets its outcome.
+
+        For launchers that run calls on one thread of their own (MPI): the call
+        does not block it, so the next call can start while this one awaits."""
+        future = asyncio.run_coroutine_threadsafe(self.execute_async(method, args, kwargs), self._own_loop())
+
+        def done(fut):
+            try:
+                wire = fut.result()
+            except BaseException as exc:  # cancelled as the worker was released
+                wire = self._failure(method, exc, {})
+            on_done(wire)
+
+        future.add_done_callback(done)
+
+    def _failure(self, method: str, exc: BaseException, durations: dict):
+        err = WorkerMethodError(
+            f"{type(exc).__name__}: {exc}",
+            exc_type=type(exc).__name__,
+            remote_traceback=traceback.format_exc() if exc is sys.exc_info()[1] else "".join(
+                traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            timestamp=time.time(),
+            **self._error_fields(method),
+        )
+        err.secondary = bool(getattr(exc, "secondary", False)) and isinstance(exc, CommunicationError)
+        err.cause = _picklable(exc)
+        if not err.secondary:  # said here as it happens, whether or not anyone waits on the call
+            from .worker_logging import report_call_failure
+
+            report_call_failure(err)
+        return to_wire(CallOutcome(False, err, durations))
+
+    def _catch_failure(self) -> bool:
+        """RLinf's ``catch_system_failure``: report ``SystemExit`` in a call instead of exiting (default)."""
+        env = self._ctx.env if self._ctx is not None else {}
+        return env.get("RLINF_CATCH_FAILURE", "1") not in ("0", "false", "False")
+
+    def _concurrency_limit(self) -> Optional[asyncio.Semaphore]:
+        if self._max_concurrency is None:
+            return None
+        if self._limit is None:  # made on the loop that runs the calls
+            self._limit = asyncio.Semaphore(self._max_concurrency)
+        return self._limit
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
+        return self._loop
+
+    def _own_loop(self) -> asyncio.AbstractEventLoop:
+        """The async worker's loop, running in a thread of this host (started on first use)."""
+        if self._loop_thread is None:
+            loop = self._event_loop()
+            ready = threading.Event()
+
+            def run():
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            self._loop_thread = threading.Thread(target=run, name="rlinf-worker-loop", daemon=True)
+            self._loop_thread.start()
+            ready.wait(10)  # bounded: the loop thread only has to start
         return self._loop
 
     def ping(self) -> int:
@@ -182,8 +295,14 @@ class WorkerHost:
             except Exception:
                 pass
         if self._loop is not None:
-            self._loop.close()
+            if self._loop_thread is not None:
+                self._loop.call_soon_threadsafe(_cancel_all_and_stop, self._loop)
+                self._loop_thread.join(10)  # bounded: a task that ignores cancellation is left behind
+                self._loop_thread = None
+            if not self._loop.is_running():
+                self._loop.close()
             self._loop = None
+        self._limit = None
         if self._held_port is not None:
             self._held_port.close()
             self._held_port = None

@@ -25,6 +25,29 @@ class WorkerInfo:
     available_gpus: list[int] = field(default_factory=list)
     pid: int = 0
     hostname: str = ""
+    #: RLinf's fields besides the seed's
+    group_world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    accelerator_type: str = "NO_ACCEL"
+
+    @property
+    def cluster_node_rank(self) -> int:
+        """RLinf's name for ``node_id``: the node's rank in the cluster."""
+        return self.node_id
+
+    @property
+    def node_rank(self) -> int:
+        return self.node_id
+
+    @property
+    def available_accelerators(self) -> list[int]:
+        """RLinf's name for ``available_gpus``."""
+        return self.available_gpus
+
+    @property
+    def num_accelerators(self) -> int:
+        return len(self.available_gpus)
 
     def describe(self) -> str:
         """Human-readable location used in every error message."""

@@ -31,6 +31,8 @@ class WorkerSpec:
     env: dict[str, str] = field(repr=False)  # holds the cluster secret: never in a repr
     class_name: str = ""
     methods: tuple = ()  # public methods of the worker class, for launchers that declare them
+    async_methods: tuple = ()  # those that are ``async def``: the worker runs calls concurrently on one event loop
+    max_concurrency: Optional[int] = None  # most calls running at once in one worker (None: launcher default)
 
 
 @dataclass

@@ -110,6 +110,9 @@ _STILL_RUNNING = CallOutcome(True, None, {})
 
 
 class MpiSession(LauncherSession):
+    #: async workers run their calls on a loop of their own; other calls run one at a time per rank
+    concurrency = ("async",)
+
     def __init__(self, world: runtime.World):
         self._world = world
         self._service = service()

@@ -116,6 +116,9 @@ class Slot:
             reply(False, CallRejected(f"cannot unpickle the call's arguments here: {type(exc).__name__}: {exc}",
                                       traceback.format_exc()))
             return
+        if self._host.is_async:  # runs on the worker's loop: the next call can start while this one awaits
+            self._host.submit(method, args, kwargs, lambda wire: reply(True, wire))
+            return
         reply(True, self._host.execute(method, args, kwargs))
 
     def _stop(self, body, reply) -> None:

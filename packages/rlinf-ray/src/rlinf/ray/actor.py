@@ -3,6 +3,11 @@
 For each worker class the actor class gets one Ray method per public worker
 method, so a group call costs what a raw actor call costs: the user's
 arguments travel as they are, with no extra envelope.
+
+A worker class with ``async def`` methods becomes a Ray *async* actor: every
+forwarder is a coroutine awaiting ``WorkerHost.execute_async`` on the actor's
+one event loop, so calls run concurrently and tasks outlive the call that
+created them, exactly as in a hand-written Ray async actor.
 """
 
 from __future__ import annotations
@@ -39,9 +44,35 @@ def _forwarder(name: str):
     return call
 
 
-def actor_class(worker_cls_name: str, methods: Iterable[str]):
-    """A Ray actor class exposing ``methods`` of the hosted worker as its own."""
-    attrs = {name: _forwarder(name) for name in methods if not name.startswith("_") and not hasattr(RayWorkerActor, name)}
-    cls = type(f"Rlinf_{worker_cls_name}", (RayWorkerActor,), attrs)
+def _async_forwarder(name: str):
+    async def call(self, *args, **kwargs):
+        return await self._rlinf_host.execute_async(name, args, kwargs)
+
+    call.__name__ = name
+    return call
+
+
+async def _async_execute(self, method, args, kwargs):
+    return await self._rlinf_host.execute_async(method, args, kwargs)
+
+
+#: Ray's default for async actors, kept when the group does not say
+ASYNC_MAX_CONCURRENCY = 1000
+
+
+def actor_class(worker_cls_name: str, methods: Iterable[str], is_async: bool = False):
+    """A Ray actor class exposing ``methods`` of the hosted worker as its own (async ones for an async worker)."""
+    make = _async_forwarder if is_async else _forwarder
+    attrs = {name: make(name) for name in methods if not name.startswith("_") and not hasattr(RayWorkerActor, name)}
+    if is_async:
+        attrs["_rlinf_execute"] = _async_execute
+    cls = type(f"Rlinf_{worker_cls_name}{'_async' if is_async else ''}", (RayWorkerActor,), attrs)
     cls.__module__ = __name__
     return ray.remote(cls)
+
+
+def actor_max_concurrency(is_async: bool, requested) -> int:
+    """Ray's ``max_concurrency`` for the group's actors: what ``launch`` asked for, else Ray's default."""
+    if requested is not None:
+        return requested
+    return ASYNC_MAX_CONCURRENCY if is_async else 1

@@ -76,6 +76,9 @@ def _ray_node_order(nodes: list[dict]) -> list[dict]:
 
 
 class RaySession(LauncherSession):
+    #: async workers run as Ray async actors; sync workers with max_concurrency > 1 as threaded actors
+    concurrency = ("async", "threads")
+
     def __init__(self, owns_cluster: bool):
         import ray
 
@@ -138,7 +141,7 @@ class RaySession(LauncherSession):
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from .actor import actor_class
+        from .actor import actor_class, actor_max_concurrency
 
         bundles, selectors = [], []
         for spec in specs:
@@ -158,11 +161,13 @@ class RaySession(LauncherSession):
                     f"{[s.node.node_rank for s in specs]} within {timeout:.0f} s",
                     group=group,
                 )
-            remote_cls = actor_class(specs[0].class_name, specs[0].methods)
+            is_async = bool(specs[0].async_methods)
+            remote_cls = actor_class(specs[0].class_name, specs[0].methods, is_async)
             for i, spec in enumerate(specs):
                 actors.append(
                     remote_cls.options(
                         num_cpus=WORKER_CPU,
+                        max_concurrency=actor_max_concurrency(is_async, spec.max_concurrency),
                         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
                     ).remote()
                 )

@@ -9,7 +9,7 @@ from ..address import resolve_address
 from ..errors import CommunicationError
 from .async_work import AsyncWork
 from .communicator import local_communicator
-from .options import CollectiveGroupOptions
+from .options import CollectiveGroupOptions, unsupported_options
 
 
 _peers: dict = {}
@@ -31,14 +31,28 @@ def _setup(group_name, rank, options, timeout):
     if options is not None and not isinstance(options, CollectiveGroupOptions):
         raise TypeError(f"options must be a CollectiveGroupOptions, got {type(options).__name__}")
     peer = _peer(group_name, rank)
-    if timeout is None and options is not None:
-        timeout = options.timeout
+    if options is not None:
+        if timeout is None:
+            timeout = options.timeout
+        if options.transport_options():
+            _note_ignored(options)
     return (
         local_communicator(create=True),
         peer,
         options.transport if options is not None else None,
         config.resolve_timeout(timeout),
     )
+
+
+def _note_ignored(options: CollectiveGroupOptions) -> None:
+    """Tuning fields reach only transports that declare them (plugin ``extra["options"]``); say once what is ignored."""
+    from ..plugins import get_registry
+
+    try:
+        entry = get_registry().transport(options.transport, "cpu")
+    except Exception:
+        return  # the send itself reports an unknown transport
+    unsupported_options(options, entry.name, entry.descriptor.extra.get("options", ()))
 
 
 def _check_tensor(tensor, what: str, group_name, rank):
@@ -79,16 +93,54 @@ def recv_tensor(tensor, src_group_name: str, src_rank, async_op=False, options=N
     return result if async_op else None
 
 
-def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tuple] = None, async_op=False, options=None, timeout=None):
-    """The source sends its object to every other listed worker; everyone returns it."""
-    if not groups or src is None:
-        raise ValueError("broadcast needs groups=[(group_name, ranks), ...] and src=(group_name, rank)")
-    comm = local_communicator(create=True)
-    src_addr = resolve_address(*src)
+def _expand_ranks(group_name, ranks) -> list:
+    """RLinf's rank forms: an int, a tuple rank path, or a list of either."""
+    if isinstance(ranks, bool):
+        raise TypeError(f"broadcast: ranks of group {group_name!r} must be ints or tuple rank paths, got {ranks!r}")
+    if isinstance(ranks, (int, tuple)):
+        return [ranks]
+    if isinstance(ranks, list) and ranks:
+        out = []
+        for r in ranks:
+            if isinstance(r, bool) or not isinstance(r, (int, tuple)):
+                raise TypeError(f"broadcast: each rank of group {group_name!r} must be an int or a tuple rank path, got {r!r}")
+            out.append(r)
+        return out
+    raise TypeError(
+        f"broadcast: ranks of group {group_name!r} must be an int, a tuple rank path or a non-empty list of them, "
+        f"got {ranks!r}"
+    )
+
+
+def broadcast_members(groups) -> list:
+    """The addresses of ``groups=[(group_name, ranks), ...]`` in order, without duplicates."""
+    if not groups or isinstance(groups, (str, bytes)):
+        raise ValueError("broadcast needs groups=[(group_name, ranks), ...] naming at least one worker")
     members = []
-    for group_name, ranks in groups:
-        for r in ([ranks] if isinstance(ranks, int) else ranks):
-            members.append(resolve_address(group_name, r))
+    for entry in groups:
+        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+            raise ValueError(f"broadcast: each entry of groups must be (group_name, ranks), got {entry!r}")
+        group_name, ranks = entry
+        for r in _expand_ranks(group_name, ranks):
+            addr = resolve_address(group_name, r)
+            if addr not in members:
+                members.append(addr)
+    return members
+
+
+def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tuple] = None, async_op=False, options=None, timeout=None):
+    """The source sends its object to every other listed worker; everyone returns it.
+
+    ``src`` defaults to the first worker of the expanded ``groups`` list.
+    """
+    members = broadcast_members(groups)
+    if src is None:
+        src_addr = members[0]
+    else:
+        if not isinstance(src, (tuple, list)) or len(src) != 2:
+            raise ValueError(f"broadcast: src must be (group_name, rank), got {src!r}")
+        src_addr = resolve_address(*src)
+    comm = local_communicator(create=True)
     me = comm.address
     if me not in members and me != src_addr:
         raise ValueError(f"{me.get_name()!r} calls broadcast but is not among its groups {groups}")

@@ -9,16 +9,15 @@ channels.  Communication is delegated to the process's communicator.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import context, timing
-from .address import RankPath, WorkerAddress
-from .info import WorkerInfo
+from .. import accelerator, context, timing, worker_logging
+from ..address import RankPath, WorkerAddress
+from ..info import WorkerInfo
 
 if TYPE_CHECKING:
-    from .group import WorkerGroup
-    from .p2p.options import CollectiveGroupOptions
+    from ..group import WorkerGroup
+    from ..p2p.options import CollectiveGroupOptions
 
 
 _api = None
@@ -28,7 +27,7 @@ def _p2p():
     """The point-to-point module, imported on first use (driver processes never need it)."""
     global _api
     if _api is None:
-        from .p2p import api
+        from ..p2p import api
 
         _api = api
     return _api
@@ -39,6 +38,22 @@ class Worker:
 
     #: decorator that times a method under a tag: ``@Worker.timer("train_step")``
     timer = staticmethod(timing.timer)
+
+    # -- accelerator (RLinf class attributes; valid in the driver and every worker) --
+    @accelerator.lazy_class_attribute
+    def torch_platform():
+        """The torch module of this process's accelerator (``torch.cuda``; ``torch.cpu`` without one)."""
+        return accelerator.torch_platform()
+
+    @accelerator.lazy_class_attribute
+    def torch_device_type():
+        """``"cuda"``, ``"cpu"``, ...: what ``torch.device(...)`` takes for this process's accelerator."""
+        return accelerator.detect()[1]
+
+    @accelerator.lazy_class_attribute
+    def accelerator_type():
+        """``"NV_GPU"`` or ``"NO_ACCEL"``."""
+        return accelerator.detect()[0]
 
     def __init__(self):
         ctx = context.current()
@@ -52,13 +67,13 @@ class Worker:
             self._worker_address = ctx.address
             self._worker_info = ctx.info
         self._group_name = self._worker_address.group_key
-        self._logger = logging.getLogger(f"rlinf.worker.{self._worker_address.get_name()}")
+        self._logger = worker_logging.worker_logger(self._worker_address.get_name())
 
     # -- group creation ---------------------------------------------------------
     @classmethod
     def create_group(cls, *args, **kwargs) -> "WorkerGroup":
         """An unlaunched group of this class; ``.launch(cluster, ...)`` starts it."""
-        from .group import WorkerGroup
+        from ..group import WorkerGroup
 
         return WorkerGroup(cls, args, kwargs)
 
@@ -76,19 +91,43 @@ class Worker:
         return self._group_name
 
     # -- timing -------------------------------------------------------------------
-    def worker_timer(self, tag: str):
-        """Context manager recording the body's wall time under ``tag`` for this call."""
-        return timing.worker_timer(tag)
+    def worker_timer(self, tag: Optional[str] = None):
+        """Context manager recording the body's wall time under ``tag`` (default: the calling function's name)."""
+        return timing.worker_timer(tag, _depth=2)
+
+    def pop_execution_time(self, tag: str) -> float:
+        """Seconds recorded under ``tag`` in this worker since it was last popped (``ValueError`` if none)."""
+        return timing.pop_execution_time(tag)
+
+    def pop_execution_times(self) -> dict:
+        """All timings recorded in this worker since the last pop, ``{tag: seconds}``; clears them."""
+        return timing.pop_execution_times()
 
     # -- logging ------------------------------------------------------------------
+    #: the worker's logger (``Worker.logger`` on the class: the logger all workers share)
+    logger = worker_logging.LoggerAttribute()
+
+    def log_debug(self, msg: str) -> None:
+        self._logger.debug(msg, stacklevel=2)
+
     def log_info(self, msg: str) -> None:
-        self._logger.info(msg)
+        self._logger.info(msg, stacklevel=2)
 
     def log_warning(self, msg: str) -> None:
-        self._logger.warning(msg)
+        self._logger.warning(msg, stacklevel=2)
 
     def log_error(self, msg: str) -> None:
-        self._logger.error(msg)
+        self._logger.error(msg, stacklevel=2)
+
+    def log_on_first_rank(self, msg: str) -> None:
+        """Log at INFO on rank 0 only."""
+        if self._rank == 0:
+            self._logger.info(msg, stacklevel=2)
+
+    def log_on_last_rank(self, msg: str) -> None:
+        """Log at INFO on the last rank only."""
+        if self._rank == self._world_size - 1:
+            self._logger.info(msg, stacklevel=2)
 
     # -- point-to-point -----------------------------------------------------------
     def send(
@@ -153,12 +192,12 @@ class Worker:
     # -- channels -----------------------------------------------------------------
     def create_channel(self, name: Optional[str] = None, node_id: Optional[int] = None, maxsize: int = 0, **aliases):
         """Create (or connect to) the FIFO channel ``name`` hosted on node ``node_id``."""
-        from .channel import create_channel_from_worker
+        from ..channel import create_channel_from_worker
 
         return create_channel_from_worker(name, node_id, maxsize, aliases)
 
     def connect_channel(self, name: Optional[str] = None, **aliases):
         """Connect to the existing channel ``name``."""
-        from .channel import Channel
+        from ..channel import Channel
 
         return Channel.connect(aliases.pop("channel_name", name), **aliases)
