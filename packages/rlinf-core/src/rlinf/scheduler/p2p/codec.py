@@ -46,15 +46,17 @@ def _torch():
     return sys.modules.get(_TORCH)
 
 
+_torch_dtypes: dict = {}  # name -> torch dtype
+
+
 def _rebuild_tensor(dtype_name: str, shape: tuple, device: str, requires_grad: bool, buf) -> Any:
     import torch
 
-    dtype = getattr(torch, dtype_name)
-    raw = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
-    if raw.size == 0:
+    dtype = _torch_dtypes.get(dtype_name) or _torch_dtypes.setdefault(dtype_name, getattr(torch, dtype_name))
+    if memoryview(buf).nbytes == 0:
         tensor = torch.empty(shape, dtype=dtype)
     else:
-        tensor = torch.from_numpy(raw).view(dtype).reshape(shape)
+        tensor = torch.frombuffer(buf, dtype=dtype).reshape(shape)
     if device != "cpu":
         tensor = _to_device(tensor, device)
     if requires_grad:
@@ -101,6 +103,8 @@ def tensor_bytes(tensor) -> memoryview:
     """A zero-copy byte view of a contiguous CPU tensor."""
     if tensor.numel() == 0:
         return memoryview(b"")
+    if tensor.dtype in _NUMPY_FRIENDLY and not tensor.requires_grad and tensor.dim():
+        return memoryview(tensor.numpy()).cast("B")  # the fastest way for the common dtypes
     flat = tensor.detach().reshape(-1)
     if flat.stride(0) != 1:  # one element whose (meaningless) stride is not 1
         flat = flat.as_strided((1,), (1,))
@@ -111,6 +115,13 @@ def tensor_bytes(tensor) -> memoryview:
 
 
 _dtype_names: dict = {}
+_NUMPY_FRIENDLY: frozenset = frozenset()
+
+
+def _numpy_friendly(torch) -> frozenset:
+    """The torch dtypes ``Tensor.numpy`` supports."""
+    return frozenset(getattr(torch, n) for n in ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+                                                   "uint8", "bool", "complex64", "complex128"))
 
 
 def _dtype_name(dtype) -> str:
@@ -143,6 +154,9 @@ class _Pickler(cloudpickle.Pickler):
     def __init__(self, file, buffers: list, device_hook: Optional[Callable]):
         super().__init__(file, protocol=5, buffer_callback=buffers.append)
         self._device_hook = device_hook
+        global _NUMPY_FRIENDLY
+        if not _NUMPY_FRIENDLY and _torch() is not None:
+            _NUMPY_FRIENDLY = _numpy_friendly(_torch())
 
     def reducer_override(self, obj):
         kind = type(obj)
@@ -162,7 +176,7 @@ class _Pickler(cloudpickle.Pickler):
         cpu = tensor.detach()
         if kind is not torch.Tensor:
             cpu = cpu.as_subclass(torch.Tensor)
-        if cpu.device.type == "cpu":
+        if cpu.is_cpu:
             device = "cpu"
         else:
             device = str(cpu.device)
