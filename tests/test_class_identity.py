@@ -66,7 +66,9 @@ def makers(cluster):
 
 
 def test_group_call_returns_the_drivers_class(makers):
+    own_init, own_repr = Sample.__init__, Sample.__repr__
     results = makers.sample(3).wait()
+    assert Sample.__init__ is own_init and Sample.__repr__ is own_repr  # the driver's class is left as it was
     assert len(results) == 2
     for r in results:
         assert type(r) is Sample and isinstance(r, Sample) and r.step == 3 and torch.equal(r.obs, torch.full((2,), 3.0))
@@ -79,6 +81,7 @@ def test_channel_get_on_the_driver_gives_the_drivers_class(makers):
     assert makers.execute_on(0).put(ch, 3).wait() == [3]
     items = [ch.get() for _ in range(4)]
     assert [type(x) for x in items] == [Sample, Sample, Sample, Payload]
+    assert Sample.__init__.__globals__ is globals()  # not replaced by a copy from the worker
     assert [x.step for x in items[:3]] == [0, 1, 2] and items[3].tag == "last"
 
 
@@ -130,3 +133,16 @@ def test_main_module_class_from_a_script():
                               timeout=150, start_new_session=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "ISINSTANCE True [(4, 0), (4, 1)]" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_a_class_coming_back_is_left_unchanged():
+    """In process: a by-value copy of our own class resolves to it and does not overwrite its methods."""
+    import cloudpickle
+
+    from rlinf.scheduler.serialization import dumps_by_value_where_needed
+
+    own_init = Sample.__init__
+    data = dumps_by_value_where_needed(Sample(2, torch.ones(1)), __name__)
+    assert b"_make_skeleton_class" in data  # really by value
+    back = cloudpickle.loads(data)
+    assert type(back) is Sample and back.step == 2 and Sample.__init__ is own_init

@@ -13,7 +13,9 @@ cloudpickle, whose tracker is separate from the one core uses to ship
 worker classes (and that channels and p2p use): a class shipped by core was
 unknown to Ray's copy, so results came back as instances of a look-alike
 class.  ``share_class_tracker`` makes both copies use one tracker, in every
-process that imports this package (the driver and each worker actor).
+process that imports this package (the driver and each worker actor), and
+makes Ray's copy, like core's, leave a process's own classes unchanged when
+they come back (``serialization.keep_own_classes``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ def share_class_tracker() -> bool:
         return False
     if not all(hasattr(m, name) for m in (ours, rays) for name in _TABLES):
         return False
+    from rlinf.scheduler.serialization import keep_own_classes
+
+    keep_own_classes(rays)
     if rays._DYNAMIC_CLASS_TRACKER_BY_ID is ours._DYNAMIC_CLASS_TRACKER_BY_ID:
         return True
     with ours._DYNAMIC_CLASS_TRACKER_LOCK, rays._DYNAMIC_CLASS_TRACKER_LOCK:

@@ -37,6 +37,8 @@ from typing import Any, Callable, Optional
 import cloudpickle
 import numpy as np
 
+from ..serialization import keep_own_classes  # noqa: F401  (received classes resolve to ours untouched)
+
 _TORCH = "torch"
 #: numpy dtype kinds whose items are plain bytes (no pointers): these go out of band
 _RAW_KINDS = frozenset("biufcmMSUV")
