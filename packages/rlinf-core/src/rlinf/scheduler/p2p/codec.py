@@ -105,8 +105,11 @@ def tensor_bytes(tensor) -> memoryview:
     """A zero-copy byte view of a contiguous CPU tensor."""
     if tensor.numel() == 0:
         return memoryview(b"")
-    if tensor.dtype in _NUMPY_FRIENDLY and not tensor.requires_grad and tensor.dim():
-        return memoryview(tensor.numpy()).cast("B")  # the fastest way for the common dtypes
+    if tensor.dtype in (_NUMPY_FRIENDLY or _numpy_friendly()) and not tensor.requires_grad and tensor.dim():
+        try:
+            return memoryview(tensor.numpy()).cast("B")  # the fastest way for the common dtypes
+        except (TypeError, ValueError):  # a layout numpy does not call contiguous
+            pass
     flat = tensor.detach().reshape(-1)
     if flat.stride(0) != 1:  # one element whose (meaningless) stride is not 1
         flat = flat.as_strided((1,), (1,))
@@ -120,10 +123,13 @@ _dtype_names: dict = {}
 _NUMPY_FRIENDLY: frozenset = frozenset()
 
 
-def _numpy_friendly(torch) -> frozenset:
-    """The torch dtypes ``Tensor.numpy`` supports."""
-    return frozenset(getattr(torch, n) for n in ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
-                                                   "uint8", "bool", "complex64", "complex128"))
+def _numpy_friendly() -> frozenset:
+    """The torch dtypes ``Tensor.numpy`` supports (computed once torch is imported)."""
+    global _NUMPY_FRIENDLY
+    torch = _torch()
+    _NUMPY_FRIENDLY = frozenset(getattr(torch, n) for n in ("float16", "float32", "float64", "int8", "int16", "int32",
+                                                            "int64", "uint8", "bool", "complex64", "complex128"))
+    return _NUMPY_FRIENDLY
 
 
 def _dtype_name(dtype) -> str:
@@ -156,9 +162,6 @@ class _Pickler(cloudpickle.Pickler):
     def __init__(self, file, buffers: list, device_hook: Optional[Callable]):
         super().__init__(file, protocol=5, buffer_callback=buffers.append)
         self._device_hook = device_hook
-        global _NUMPY_FRIENDLY
-        if not _NUMPY_FRIENDLY and _torch() is not None:
-            _NUMPY_FRIENDLY = _numpy_friendly(_torch())
 
     def reducer_override(self, obj):
         kind = type(obj)
