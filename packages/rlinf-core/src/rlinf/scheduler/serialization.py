@@ -17,6 +17,7 @@ import threading
 import types
 
 import cloudpickle
+import cloudpickle.cloudpickle
 
 _installed_roots = tuple(
     os.path.realpath(p)
@@ -24,6 +25,44 @@ _installed_roots = tuple(
     if p
 )
 _lock = threading.Lock()
+
+
+def _owned_here(cls: type) -> bool:
+    """True if ``cls`` is this process's own class: its module and qualified name lead to it."""
+    obj = sys.modules.get(getattr(cls, "__module__", None) or "")
+    for part in getattr(cls, "__qualname__", "<locals>").split("."):
+        obj = getattr(obj, part, None)
+    return obj is cls
+
+
+def keep_own_classes(cloudpickle_module) -> bool:
+    """Make ``cloudpickle_module`` leave this process's own classes alone when they come back.
+
+    A class pickled by value carries its whole definition.  When it comes back
+    to the process it came from, cloudpickle's class tracker resolves it to
+    that process's class (so ``isinstance`` holds) but then still writes the
+    received attributes onto it: the driver's methods would be replaced by
+    copies whose globals are a snapshot from the worker.  The definition is
+    applied only to classes rebuilt here, never to one this process defined.
+    Returns False (nothing changed) when the module has no such hook.
+    """
+    original = getattr(cloudpickle_module, "_class_setstate", None)
+    if original is None or getattr(original, "_rlinf_keeps_own_classes", False):
+        return original is not None
+
+    def _class_setstate(obj, state):
+        if _owned_here(obj):
+            return obj
+        return original(obj, state)
+
+    # pickled by reference under the original's name, which now leads here
+    _class_setstate.__module__, _class_setstate.__qualname__ = original.__module__, original.__qualname__
+    _class_setstate._rlinf_keeps_own_classes = True
+    cloudpickle_module._class_setstate = _class_setstate
+    return True
+
+
+keep_own_classes(cloudpickle.cloudpickle)
 
 
 def _is_installed(module_name: str) -> bool:

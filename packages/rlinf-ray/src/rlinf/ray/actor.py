@@ -18,6 +18,10 @@ import ray
 
 from rlinf.scheduler.host import WorkerHost
 
+from .classes import share_class_tracker
+
+share_class_tracker()  # results and arguments keep the driver's classes
+
 
 class RayWorkerActor:
     def __init__(self):

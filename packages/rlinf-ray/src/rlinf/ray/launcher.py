@@ -31,6 +31,10 @@ from rlinf.scheduler.launcher import (
 )
 from rlinf.scheduler.placement import NodeInfo
 
+from .classes import share_class_tracker
+
+share_class_tracker()  # results and arguments keep the driver's classes
+
 #: fraction of a CPU each worker's bundle reserves (workers mostly wait)
 WORKER_CPU = 0.01
 NODE_LABEL = "ray.io/node-id"

@@ -6,6 +6,24 @@ replaced by a small record (dtype, shape, device) and its bytes go out of
 band as a separate buffer, never through the pickler.  ``decode`` rebuilds
 the object around the received buffers without copying them.
 
+What arrives is exactly what was sent, bit for bit, with these rules:
+
+* dtypes, shapes and values are exact (NaN payloads included); a numpy
+  array keeps its full dtype (structured fields, byte order, datetime unit,
+  metadata); an object array, or one whose dtype is not plain bytes
+  (``StringDType``), travels through numpy's own pickling.
+* a tensor keeps its class (``nn.Parameter``, ``nn.Buffer``, other
+  subclasses), ``requires_grad``, its attributes (``__dict__``) and device.
+  It arrives as a leaf: autograd history and ``.grad`` stay behind (as with
+  ``torch.save``); conjugate and negative views arrive resolved.
+* memory layout is not kept: each array or tensor arrives as its own
+  contiguous block (row-major; a Fortran-ordered numpy array stays
+  Fortran-ordered).  So a non-contiguous or negatively strided view arrives
+  as a compact copy with the same values, and two different views of one
+  base arrive as two independent arrays.  The same object sent twice in one
+  message arrives as one object (pickle's memo).
+* sparse, quantized, nested and meta tensors use torch's own pickling.
+
 Core owns this format; transports only move the resulting buffers.
 """
 
@@ -19,27 +37,49 @@ from typing import Any, Callable, Optional
 import cloudpickle
 import numpy as np
 
-#: devices a tensor may be rebuilt on when the receiver has it; otherwise it stays on CPU
+from ..serialization import keep_own_classes  # noqa: F401  (received classes resolve to ours untouched)
+
 _TORCH = "torch"
+#: numpy dtype kinds whose items are plain bytes (no pointers): these go out of band
+_RAW_KINDS = frozenset("biufcmMSUV")
 
 
 def _torch():
     return sys.modules.get(_TORCH)
 
 
+_torch_dtypes: dict = {}  # name -> torch dtype
+
+
 def _rebuild_tensor(dtype_name: str, shape: tuple, device: str, requires_grad: bool, buf) -> Any:
     import torch
 
-    dtype = getattr(torch, dtype_name)
-    raw = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
-    if raw.size == 0:
+    dtype = _torch_dtypes.get(dtype_name) or _torch_dtypes.setdefault(dtype_name, getattr(torch, dtype_name))
+    if memoryview(buf).nbytes == 0:
         tensor = torch.empty(shape, dtype=dtype)
     else:
-        tensor = torch.from_numpy(raw).view(dtype).reshape(shape)
+        tensor = torch.frombuffer(buf, dtype=dtype).reshape(shape)
     if device != "cpu":
         tensor = _to_device(tensor, device)
     if requires_grad:
         tensor.requires_grad_(True)
+    return tensor
+
+
+def _rebuild_tensor_as(kind: type, state: Optional[dict], requires_grad: bool, dtype_name: str, shape: tuple, device: str, buf):
+    """A tensor subclass (``nn.Parameter``...) or a tensor with attributes."""
+    import torch
+
+    tensor = _rebuild_tensor(dtype_name, shape, device, False, buf)
+    if issubclass(kind, torch.nn.Parameter):
+        tensor = kind(tensor, requires_grad)
+    else:
+        if kind is not torch.Tensor:
+            tensor = tensor.as_subclass(kind)
+        if requires_grad:
+            tensor.requires_grad_(True)
+    if state:
+        tensor.__dict__.update(state)
     return tensor
 
 
@@ -51,20 +91,68 @@ def _to_device(tensor, device: str):
         raise RuntimeError(f"received a tensor for device {device!r}, which this process cannot use: {exc}") from exc
 
 
-def _rebuild_ndarray(dtype: str, shape: tuple, buf) -> np.ndarray:
+def _rebuild_ndarray(dtype, shape: tuple, buf) -> np.ndarray:
     raw = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
     return raw.view(np.dtype(dtype)).reshape(shape)
+
+
+def _rebuild_ndarray_f(dtype, shape: tuple, buf) -> np.ndarray:
+    """A Fortran-ordered array: its bytes are those of its (C-ordered) transpose."""
+    return _rebuild_ndarray(dtype, shape[::-1], buf).T
 
 
 def tensor_bytes(tensor) -> memoryview:
     """A zero-copy byte view of a contiguous CPU tensor."""
     if tensor.numel() == 0:
         return memoryview(b"")
+    if tensor.dtype in (_NUMPY_FRIENDLY or _numpy_friendly()) and not tensor.requires_grad and tensor.dim():
+        try:
+            return memoryview(tensor.numpy()).cast("B")  # the fastest way for the common dtypes
+        except (TypeError, ValueError):  # a layout numpy does not call contiguous
+            pass
     flat = tensor.detach().reshape(-1)
+    if flat.stride(0) != 1:  # one element whose (meaningless) stride is not 1
+        flat = flat.as_strided((1,), (1,))
     try:
         return memoryview(flat.view(_torch().uint8).numpy())
     except (RuntimeError, TypeError):  # dtypes numpy cannot view directly
         return memoryview(flat.numpy()).cast("B")
+
+
+_dtype_names: dict = {}
+_NUMPY_FRIENDLY: frozenset = frozenset()
+
+
+def _numpy_friendly() -> frozenset:
+    """The torch dtypes ``Tensor.numpy`` supports (computed once torch is imported)."""
+    global _NUMPY_FRIENDLY
+    torch = _torch()
+    _NUMPY_FRIENDLY = frozenset(getattr(torch, n) for n in ("float16", "float32", "float64", "int8", "int16", "int32",
+                                                            "int64", "uint8", "bool", "complex64", "complex128"))
+    return _NUMPY_FRIENDLY
+
+
+def _dtype_name(dtype) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype).rsplit(".", 1)[-1]
+    return name
+
+
+def _reduce_ndarray(arr: np.ndarray):
+    dtype = arr.dtype
+    if dtype.kind not in _RAW_KINDS or dtype.hasobject or dtype.itemsize == 0:
+        return NotImplemented  # numpy's own pickling
+    # the dtype travels as its short string when that string rebuilds it exactly
+    desc = dtype.str if dtype.names is None and dtype.metadata is None else dtype
+    shape = arr.shape
+    if arr.flags.c_contiguous:
+        rebuild = _rebuild_ndarray
+    elif arr.flags.f_contiguous:
+        rebuild, arr = _rebuild_ndarray_f, arr.T
+    else:
+        rebuild, arr = _rebuild_ndarray, np.ascontiguousarray(arr)
+    return rebuild, (desc, shape, pickle.PickleBuffer(arr.reshape(-1).view(np.uint8)))
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -76,28 +164,43 @@ class _Pickler(cloudpickle.Pickler):
         self._device_hook = device_hook
 
     def reducer_override(self, obj):
+        kind = type(obj)
+        if kind is np.ndarray:
+            return _reduce_ndarray(obj)
         torch = _torch()
         if torch is not None and isinstance(obj, torch.Tensor):
             return self._reduce_tensor(obj, torch)
-        if type(obj) is np.ndarray and obj.dtype.hasobject is False:
-            arr = np.ascontiguousarray(obj)
-            return _rebuild_ndarray, (arr.dtype.str, arr.shape, pickle.PickleBuffer(arr.reshape(-1).view(np.uint8)))
         return super().reducer_override(obj)
 
     def _reduce_tensor(self, tensor, torch):
-        if tensor.is_sparse or tensor.layout != torch.strided:
-            return NotImplemented  # rare layouts: torch's own pickling
-        device = str(tensor.device)
+        if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested or tensor.is_meta:
+            return NotImplemented  # rare kinds: torch's own pickling
+        kind = type(tensor)
+        state = tensor.__dict__ or None
+        requires_grad = tensor.requires_grad
         cpu = tensor.detach()
-        if cpu.device.type != "cpu":
-            if self._device_hook is not None:
+        if kind is not torch.Tensor:
+            cpu = cpu.as_subclass(torch.Tensor)
+        if cpu.is_cpu:
+            device = "cpu"
+        else:
+            device = str(cpu.device)
+            if self._device_hook is not None and kind is torch.Tensor and state is None:
                 handled = self._device_hook(tensor)
                 if handled is not None:
                     return handled
             cpu = cpu.cpu()
-        cpu = cpu.contiguous()
-        dtype_name = str(cpu.dtype).rsplit(".", 1)[-1]
-        return _rebuild_tensor, (dtype_name, tuple(cpu.shape), device, bool(tensor.requires_grad), pickle.PickleBuffer(tensor_bytes(cpu)))
+        if cpu.is_conj():
+            cpu = cpu.resolve_conj()
+        if cpu.is_neg():
+            cpu = cpu.resolve_neg()
+        if not cpu.is_contiguous():
+            cpu = cpu.contiguous()
+        args = (_dtype_name(cpu.dtype), tuple(cpu.shape), device)
+        buf = pickle.PickleBuffer(tensor_bytes(cpu))
+        if kind is torch.Tensor and state is None:
+            return _rebuild_tensor, (*args, requires_grad, buf)
+        return _rebuild_tensor_as, (kind, state, requires_grad, *args, buf)
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None), complex))

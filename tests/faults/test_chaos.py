@@ -1,0 +1,48 @@
+"""The seeded chaos run (``chaos_program.py``) for 60 s: its invariants hold.
+
+The program runs as a subprocess with its own Ray cluster (loopback, its
+own temp dir, its own process group, killed at the end), so the workers it
+SIGKILLs are never shared with other tests.  Set ``RLINF_CHAOS_SEED`` to
+replay a failing run; every violation it prints carries its seed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from launcher_marks import TEST_LAUNCHER
+
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos_program.py")
+SECONDS = 60
+
+
+@pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="kills worker processes, which ends an MPI job")
+@pytest.mark.timeout(SECONDS + 240)
+def test_chaos_run_keeps_its_invariants():
+    seed = int(os.environ.get("RLINF_CHAOS_SEED", "1"))
+    with tempfile.TemporaryDirectory(prefix="rlc") as tmp:
+        proc = subprocess.Popen(
+            [sys.executable, PROGRAM, "--seconds", str(SECONDS), "--seed", str(seed), "--temp-dir", tmp],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=SECONDS + 200)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the program's group: whatever it left behind
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+    lines = [line for line in out.splitlines() if line.startswith("CHAOS_SUMMARY ")]
+    assert lines, f"seed {seed}: no summary; exit {proc.returncode}; output tail:\n{out[-4000:]}"
+    summary = json.loads(lines[-1][len("CHAOS_SUMMARY "):])
+    print(json.dumps({k: v for k, v in summary.items() if k != "resources"}, indent=1))
+    assert summary["seed"] == seed
+    assert sum(summary["operations"].values()) >= 10 and summary["kills"] >= 1, summary
+    assert summary["violations"] == [], "\n".join(summary["violations"])
+    assert proc.returncode == 0, out[-4000:]
