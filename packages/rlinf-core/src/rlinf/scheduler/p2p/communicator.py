@@ -286,20 +286,19 @@ class Communicator:
                     raise ConnectionError("its group is no longer running") from None
                 raise
             next_probe = time.monotonic() + (0.0 if ended else PROBE_INTERVAL)
-            with self._cond:
-                while pair.link is None:
+            while True:
+                with self._cond:
+                    if pair.link is not None:
+                        link = pair.link
+                        break
                     now = time.monotonic()
                     if deadline is not None and now >= deadline:
                         raise TimeoutError("no connection from the peer")
-                    if now >= next_probe:
-                        endpoint = record.endpoints.get(transport) or next(iter(record.endpoints.values()), None)
-                        probe_with = self._transports.get(transport)
-                        if endpoint is not None and probe_with is not None and not probe_with.probe(endpoint):
-                            raise ConnectionError("the peer's process is gone")
-                        next_probe = now + PROBE_INTERVAL
-                    wait = next_probe - now if deadline is None else min(next_probe, deadline) - now
-                    self._cond.wait(max(wait, 0.0))
-                link = pair.link
+                    if now < next_probe:
+                        self._cond.wait(next_probe - now if deadline is None else min(next_probe, deadline) - now)
+                        continue
+                record = self._check_alive(peer, record, transport)  # outside the lock: it may take a while
+                next_probe = time.monotonic() + PROBE_INTERVAL
         if pair.transport != transport:
             raise CommunicationError(
                 f"{self.name}: {peer.get_name()!r} sends with transport {pair.transport!r} but this side "
@@ -307,6 +306,24 @@ class Communicator:
                 peer=peer.get_name(),
             )
         return link
+
+    def _check_alive(self, peer: WorkerAddress, record, transport: str):
+        """Probe the process we wait for; return the record to keep waiting on, or raise if it is gone.
+
+        A process that is gone may have been replaced by a relaunched group of
+        the same name, which is about to connect: then wait for the new one.
+        """
+        endpoint = record.endpoints.get(transport) or next(iter(record.endpoints.values()), None)
+        probe_with = self._transports.get(transport)
+        if endpoint is None or probe_with is None or probe_with.probe(endpoint):
+            return record
+        try:
+            fresh = self._lookup(peer, refresh=True)
+        except CommunicationError:
+            raise ConnectionError("its group is no longer running") from None
+        if fresh.endpoints == record.endpoints:
+            raise ConnectionError("the peer's process is gone")
+        return fresh
 
     def _receive(self, peer: WorkerAddress, transport: str, deadline: Optional[float], read: Callable[[Link], Any]):
         """``read(link)`` on the peer's current link; a link that ended hands over to the next one."""
