@@ -245,27 +245,36 @@ class Communicator:
                 peer=peer.get_name(),
             )
         hello = json.dumps({"src": self.name, "transport": transport}).encode()
+        pair.endpoint = endpoint  # also when connecting fails: the sender compares it with a fresh record
         link = self._transports[transport].connect(endpoint, hello, deadline)
-        pair.link, pair.transport, pair.endpoint = link, transport, endpoint
+        pair.link, pair.transport = link, transport
         self._sweep()
         return pair, link
 
     def _send_frames(self, peer: WorkerAddress, transport: str, frames: list, deadline, raw: bool = False) -> None:
         """Send on the pair's link; if the peer's process was replaced (its group relaunched
-        under the same name), reconnect to the new one and send there, once."""
-        pair, link = self._outgoing(peer, transport, deadline)
+        under the same name), connect to the new one and send there, once."""
+        pair = self._pair(self._out, peer.get_name())
+        link = None
         try:
+            pair, link = self._outgoing(peer, transport, deadline)
             link.send(frames, deadline, raw=raw)
             return
         except (ConnectionError, OSError) as exc:
             if isinstance(exc, TimeoutError):
-                raise  # the link says whether it is still usable (is_open)
-            record = self._lookup(peer, refresh=True)
-            if record.endpoints.get(transport) == pair.endpoint:
+                raise  # the link itself says whether it is still usable (is_open)
+            tried = pair.endpoint  # what we connected (or tried to connect) to
+            try:
+                record = self._lookup(peer, refresh=True)
+            except CommunicationError:
+                raise ConnectionError(f"{exc}; its group is no longer running") from None
+            if record.endpoints.get(transport) == tried:
                 raise
-        link.close()
-        if pair.link is link:
-            pair.link = None
+        if link is not None:
+            link.close()
+        with self._cond:
+            if pair.link is link:
+                pair.link = None
         self._outgoing(peer, transport, deadline)[1].send(frames, deadline, raw=raw)
 
     def _incoming(self, peer: WorkerAddress, transport: str, deadline: Optional[float], ended: bool = False) -> Link:
