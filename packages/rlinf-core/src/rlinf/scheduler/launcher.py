@@ -118,6 +118,9 @@ class LauncherSession(ABC):
     """A live connection to one cluster through one launcher."""
 
     launcher_name: str = ""
+    #: set by ``Cluster``: the first explicit node count and cluster config of this process
+    chosen_num_nodes: Optional[int] = None
+    cluster_cfg: Optional[dict] = None
 
     @property
     @abstractmethod
@@ -176,6 +179,17 @@ class LauncherSession(ABC):
 
     @abstractmethod
     def list_groups(self) -> list[str]: ...
+
+    def attach_group(self, name: str) -> Optional[list]:
+        """Handles (as ``start_workers`` returned them), rank order, on the workers of the
+        running group ``name``, which this or another process of the cluster launched;
+        None if no such group runs.  Launchers that cannot do this raise ``NotImplementedError``."""
+        raise NotImplementedError(
+            f"the {self.launcher_name or type(self).__name__} launcher cannot attach to a running group"
+        )
+
+    def refresh_nodes(self) -> None:
+        """Forget any cached node list, so that ``nodes`` sees nodes that joined since."""
 
     def shutdown(self) -> None:
         """Disconnect; an embedded cluster started by this session is stopped."""
