@@ -1,7 +1,10 @@
 """A private multi-node Ray cluster on this machine, for tests that need ``ray start``.
 
 Every node is a ``ray start ... --block`` process in its own process group,
-on 127.0.0.1, with its own ports and the cluster's own temp dir; ``stop()``
+with its own ports and the cluster's own temp dir.  A one-node cluster stays
+on 127.0.0.1; with ``multi_node=True`` Ray runs in cluster mode, which
+advertises this machine's own address instead of loopback (as
+``ray.cluster_utils.Cluster`` does too).  ``stop()``
 kills exactly those process groups, then any process left that names the
 temp dir (Ray's daemons and workers do), and nothing else.
 """
@@ -32,12 +35,13 @@ def free_port() -> int:
 
 
 class RayNodes:
-    def __init__(self):
+    def __init__(self, multi_node: bool = False):
+        self.multi_node = multi_node
         self.temp_dir = tempfile.mkdtemp(prefix="rln")  # short: Ray's socket paths must fit in 107 bytes
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self._procs: list[subprocess.Popen] = []
-        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1" if multi_node else "0")
         for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE"):
             self.env.pop(key, None)
 
@@ -47,8 +51,8 @@ class RayNodes:
             ports += [f"{opt}={free_port()}"]
         low = free_port()
         cmd = [
-            sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address=127.0.0.1",
-            f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--min-worker-port={low}",
+            sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
+            *([] if self.multi_node else ["--node-ip-address=127.0.0.1"]), f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--min-worker-port={low}",
             f"--max-worker-port={low + 40}", *ports, *args,
         ]
         log = open(os.path.join(self.temp_dir, f"node{len(self._procs)}.log"), "w")
@@ -71,6 +75,7 @@ class RayNodes:
                 time.sleep(0.3)
 
     def add_node(self, num_cpus: int, num_gpus: int = 0) -> None:
+        assert self.multi_node, "RayNodes(multi_node=True) is needed to add nodes"
         self._start([f"--address={self.address}", f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}"])
 
     def run_driver(self, program: str, *args: str, timeout: float = 150, extra_env: dict | None = None):

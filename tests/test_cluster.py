@@ -23,9 +23,9 @@ def test_cluster_waits_for_nodes_then_uses_them():
     import subprocess
     import sys
 
-    with RayNodes() as nodes:
+    with RayNodes(multi_node=True) as nodes:
         nodes.start_head(num_cpus=2)
-        env = dict(nodes.env, RAY_ADDRESS=nodes.address, RLINF_NODE_WAIT_TIMEOUT="150")
+        env = dict(nodes.env, RAY_ADDRESS=nodes.address, RLINF_NODE_WAIT_TIMEOUT="100")
         driver = subprocess.Popen([sys.executable, PROGRAM, "nodes"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, env=env, start_new_session=True)
         err_lines: list[str] = []
