@@ -26,7 +26,7 @@ class Holder(Worker):
 
     def cluster_view(self):
         c = Cluster()
-        return c.launcher_name, c.num_nodes, [n.ip for n in c.nodes]
+        return c.launcher_name, c.num_nodes, [n.ip for n in c.nodes], c.cluster_cfg
 
 
 def _pg_states():
@@ -95,7 +95,7 @@ def nodes():
     again = Cluster()  # the same cluster: the first explicit choice holds
     assert again.num_nodes == 2 and again.cluster_cfg == cluster.cluster_cfg
     group = Holder.create_group().launch(cluster, name="viewer")
-    assert group.cluster_view().wait() == [("ray", 2, [n.ip for n in cluster.nodes])]
+    assert group.cluster_view().wait() == [("ray", 2, [n.ip for n in cluster.nodes], cluster.cluster_cfg)]
     start = time.monotonic()
     try:
         Cluster(num_nodes=3, node_wait_timeout=2)

@@ -157,13 +157,22 @@ class Cluster:
         self._session = _session_for(launcher, num_nodes, options)
         session = self._session
         with _lock:  # the first explicit choice in this process is the cluster's
-            if cfg is not None and getattr(session, "cluster_cfg", None) is None:
+            first = session.chosen_num_nodes is None and session.cluster_cfg is None
+            if cfg is not None and session.cluster_cfg is None:
                 session.cluster_cfg = cfg
-            if num_nodes and getattr(session, "chosen_num_nodes", None) is None:
+            if num_nodes and session.chosen_num_nodes is None:
                 session.chosen_num_nodes = num_nodes
-        self._cfg = cfg if cfg is not None else getattr(session, "cluster_cfg", None)
+        if ctx is None and first and (num_nodes or cfg is not None):
+            # the driver's choice is its workers' too (the first one published wins)
+            chosen = session.publish_cluster({"num_nodes": session.chosen_num_nodes, "cluster_cfg": session.cluster_cfg})
+            session.chosen_num_nodes, session.cluster_cfg = chosen["num_nodes"], chosen["cluster_cfg"]
+        elif ctx is not None and first and not num_nodes and cfg is None:
+            chosen = session.published_cluster()  # inside a worker: the driver's cluster
+            if chosen:
+                session.chosen_num_nodes, session.cluster_cfg = chosen["num_nodes"], chosen["cluster_cfg"]
+        self._cfg = cfg if cfg is not None else session.cluster_cfg
         if not num_nodes:
-            num_nodes = getattr(session, "chosen_num_nodes", None)
+            num_nodes = session.chosen_num_nodes
         all_nodes = _wait_for_nodes(session, num_nodes, wait_timeout) if num_nodes else list(session.nodes)
         self._nodes = all_nodes[:num_nodes] if num_nodes else all_nodes
 

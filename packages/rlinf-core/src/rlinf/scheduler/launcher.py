@@ -188,6 +188,15 @@ class LauncherSession(ABC):
             f"the {self.launcher_name or type(self).__name__} launcher cannot attach to a running group"
         )
 
+    def publish_cluster(self, info: dict) -> dict:
+        """Make the driver's cluster choice (``num_nodes``, ``cluster_cfg``) visible to its workers,
+        so that ``Cluster()`` in a worker is the driver's cluster; the first choice wins."""
+        return info
+
+    def published_cluster(self) -> Optional[dict]:
+        """What the driver published, if this launcher can tell its workers."""
+        return None
+
     def refresh_nodes(self) -> None:
         """Forget any cached node list, so that ``nodes`` sees nodes that joined since."""
 

@@ -161,6 +161,12 @@ class RaySession(LauncherSession):
         except Exception:
             pass  # already removed (by whoever stopped the group first)
 
+    def publish_cluster(self, info: dict) -> dict:
+        return self._ray.get(self._registry.set_cluster.remote(info), timeout=_REGISTRY_TIMEOUT)
+
+    def published_cluster(self) -> Optional[dict]:
+        return self._ray.get(self._registry.cluster.remote(), timeout=_REGISTRY_TIMEOUT)
+
     def attach_group(self, name: str) -> Optional[list]:
         """Handles, rank order, on the workers of the running group ``name`` (None if not running)."""
         launched = self._ray.get(self._registry.resources.remote(name), timeout=_REGISTRY_TIMEOUT)

@@ -34,6 +34,7 @@ class Registry:
         self._groups: dict = {}
         self._reserved: set = set()
         self._resources: dict[str, Any] = {}  # name -> (actor handles, placement group)
+        self._cluster: Optional[dict] = None  # the driver's choice of nodes and config
 
     def reserve(self, name: str) -> bool:
         with self._lock:
@@ -63,6 +64,17 @@ class Registry:
     def resources(self, name: str) -> Any:
         with self._lock:
             return self._resources.get(name)
+
+    def set_cluster(self, info: dict) -> dict:
+        """Record the driver's cluster choice (the first one wins); return the one recorded."""
+        with self._lock:
+            if self._cluster is None:
+                self._cluster = info
+            return self._cluster
+
+    def cluster(self) -> Optional[dict]:
+        with self._lock:
+            return self._cluster
 
     def names(self) -> list:
         with self._lock:
