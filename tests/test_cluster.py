@@ -13,11 +13,13 @@ import pytest
 from launcher_marks import TEST_LAUNCHER
 from ray_nodes import RayNodes
 
-pytestmark = pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="starts its own Ray clusters")
+own_ray_cluster = pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="starts its own Ray clusters")
+embedded_ray = pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="expects the suite's embedded Ray cluster")
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "cluster_program.py")
 
 
+@own_ray_cluster
 @pytest.mark.timeout(240)
 def test_cluster_waits_for_nodes_then_uses_them():
     import subprocess
@@ -52,3 +54,47 @@ def test_cluster_waits_for_nodes_then_uses_them():
                 driver.wait(30)
         reader.join(10)
         assert "nodes OK" in out, out[-3000:] + "".join(err_lines)[-5000:] + nodes.logs()
+
+
+# -- on the suite's embedded cluster ----------------------------------------------------------------
+from rlinf.scheduler import Cluster, Worker  # noqa: E402
+
+
+class Viewer(Worker):
+    def __init__(self):
+        super().__init__()
+
+    def view(self):
+        c = Cluster()
+        return c.launcher_name, c.num_nodes, [n.node_id for n in c.nodes]
+
+
+@embedded_ray
+def test_too_many_nodes_on_an_embedded_cluster_fails_at_once(cluster):
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"num_nodes=2.*has 1 node\(s\), and no node can join"):
+        Cluster(num_nodes=2)
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("cfg, error", [
+    ({"num_nodes": 0}, ValueError),
+    ({"component_placement": {"actor": "all"}}, ValueError),  # num_nodes missing
+    ({"num_nodes": 1, "node_groups": [{"node_ranks": "0"}]}, ValueError),  # a group without a label
+    ({"num_nodes": 1, "node_groups": [{"label": "a"}, {"label": "a"}]}, ValueError),
+    ({"num_nodes": 1, "component_placement": ["actor"]}, ValueError),
+    ([("num_nodes", 1)], TypeError),
+])
+def test_bad_cluster_cfg_is_refused_before_connecting(cfg, error):
+    with pytest.raises(error, match="cluster_cfg"):
+        Cluster(cluster_cfg=cfg)
+
+
+@embedded_ray
+def test_node_info_and_the_cluster_seen_from_a_worker(cluster, launch):
+    node = cluster.get_node_info(0)
+    assert node.node_rank == 0 and cluster.get_node_ip(0) == node.ip
+    with pytest.raises(ValueError, match="invalid node rank"):
+        cluster.get_node_info(cluster.num_nodes)
+    group = launch(Viewer)
+    assert group.view().wait() == [(cluster.launcher_name, cluster.num_nodes, [n.node_id for n in cluster.nodes])]

@@ -125,7 +125,8 @@ class Cluster:
     """The set of nodes workers can be placed on.
 
     ``num_nodes``: use the first N nodes, waiting (at most ``RLINF_NODE_WAIT_TIMEOUT``
-    seconds, 300 by default) until N have joined; ``None`` or 0: every alive
+    seconds, 300 by default) until N have joined a cluster that nodes can join
+    (an embedded one cannot: too few nodes is an error at once); ``None`` or 0: every alive
     node.  ``cluster_cfg``: RLinf's ``cluster`` section (``num_nodes``,
     ``component_placement``, ``node_groups``), a dict or an OmegaConf object.
     ``launcher``: the launcher plugin's name.  Other keywords go to the
@@ -173,7 +174,14 @@ class Cluster:
         self._cfg = cfg if cfg is not None else session.cluster_cfg
         if not num_nodes:
             num_nodes = session.chosen_num_nodes
-        all_nodes = _wait_for_nodes(session, num_nodes, wait_timeout) if num_nodes else list(session.nodes)
+        all_nodes = list(session.nodes)
+        if num_nodes and num_nodes > len(all_nodes):
+            if not session.nodes_can_join:
+                raise ValueError(
+                    f"Cluster(num_nodes={num_nodes}) but the {session.launcher_name} cluster has "
+                    f"{len(all_nodes)} node(s), and no node can join it"
+                )
+            all_nodes = _wait_for_nodes(session, num_nodes, wait_timeout)
         self._nodes = all_nodes[:num_nodes] if num_nodes else all_nodes
 
     @property

@@ -121,6 +121,9 @@ class LauncherSession(ABC):
     #: set by ``Cluster``: the first explicit node count and cluster config of this process
     chosen_num_nodes: Optional[int] = None
     cluster_cfg: Optional[dict] = None
+    #: whether nodes may still join (a running multi-node cluster): ``Cluster(num_nodes=N)``
+    #: then waits for them; otherwise too few nodes is an error at once
+    nodes_can_join: bool = False
 
     @property
     @abstractmethod

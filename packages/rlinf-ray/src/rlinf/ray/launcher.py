@@ -96,6 +96,7 @@ class RaySession(LauncherSession):
 
         self._ray = ray
         self._owns_cluster = owns_cluster
+        self.nodes_can_join = not owns_cluster  # an embedded cluster is this machine alone
         self._registry = get_or_create_registry() if owns_cluster or not self._in_worker() else get_registry()
         # group name -> (actor handles, placement group), for groups launched here and not stopped
         self._groups: dict[str, tuple] = {}
