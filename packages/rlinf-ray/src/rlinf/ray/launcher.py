@@ -364,7 +364,7 @@ class RaySession(LauncherSession):
 
 async def _outcome_of(ref):
     """The outcome of one call, awaited: a value, or why the worker could not answer."""
-    from ray.exceptions import RayActorError, RayTaskError
+    from ray.exceptions import RayActorError, RayError, RayTaskError
 
     try:
         return from_wire(await ref)
@@ -372,6 +372,8 @@ async def _outcome_of(ref):
         return Died(_death_reason(exc))
     except RayTaskError as exc:
         return _rejected(exc)
+    except RayError as exc:  # the result is lost with its worker (owner died, object lost, ...)
+        return Died(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
 
 
 #: outcome of a rank still running when another rank's failure is reported
