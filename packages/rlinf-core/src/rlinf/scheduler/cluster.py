@@ -1,23 +1,38 @@
 """``Cluster``: the driver's (or a worker's) handle on the machines that run workers.
 
 The launcher is a plugin chosen by name (``launcher=`` or ``RLINF_LAUNCHER``)
-or, failing that, the highest-priority usable one installed.  One session per
-launcher is shared by every ``Cluster`` object in a process.  Connecting also
-makes the cluster secret (``rlinf.scheduler.security``) if none was given.
+or, failing that, the highest-priority usable one installed; inside a worker,
+the worker's own launcher.  One session per launcher is shared by every
+``Cluster`` object in a process, and so is the first explicit choice of
+nodes and configuration: as in RLinf, ``Cluster()`` after
+``Cluster(num_nodes=2)`` (or ``Cluster(cluster_cfg=...)``) is the same cluster.
+Connecting also makes the cluster secret (``rlinf.scheduler.security``) if
+none was given.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from typing import Optional
+import time
+from collections.abc import Mapping
+from typing import Any, Optional
 
-from . import context, security, worker_logging
+from . import config, context, security, worker_logging
 from .launcher import LauncherSession
 from .placement import NodeInfo
 from .plugins import get_registry
 
 _sessions: dict[str, LauncherSession] = {}
 _lock = threading.Lock()
+_log = logging.getLogger("rlinf.cluster")
+
+#: seconds ``Cluster(num_nodes=N)`` waits for N nodes to join before it gives up
+NODE_WAIT_TIMEOUT_ENV = "RLINF_NODE_WAIT_TIMEOUT"
+DEFAULT_NODE_WAIT_TIMEOUT = 300.0
+#: seconds between the messages saying what the cluster waits for
+_WAIT_REPORT_EVERY = 5.0
+_POLL = 0.5
 
 
 def _session_for(launcher: Optional[str], num_nodes: Optional[int], options: dict) -> LauncherSession:
@@ -50,20 +65,129 @@ def current_session() -> LauncherSession:
     return _session_for(None, None, {})
 
 
-class Cluster:
-    """The set of nodes workers can be placed on."""
+def _plain_config(cluster_cfg: Any) -> dict:
+    """RLinf's ``cluster`` config section as a plain dict (it may be an OmegaConf object)."""
+    if isinstance(cluster_cfg, Mapping):
+        cfg = dict(cluster_cfg)
+    else:
+        try:
+            from omegaconf import DictConfig, OmegaConf
+        except ImportError:
+            DictConfig = None
+        if DictConfig is None or not isinstance(cluster_cfg, DictConfig):
+            raise TypeError(f"cluster_cfg must be a dict or an OmegaConf DictConfig, got {type(cluster_cfg).__name__}")
+        cfg = OmegaConf.to_container(cluster_cfg, resolve=True)
+    try:  # nested OmegaConf nodes inside a plain dict
+        from omegaconf import OmegaConf
 
-    def __init__(self, num_nodes: Optional[int] = None, launcher: Optional[str] = None, **options):
-        worker_logging.take_cluster_options(options)  # distributed_log_dir=
-        if num_nodes is not None and (isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1):
-            raise ValueError(f"num_nodes must be a positive int, got {num_nodes!r}")
-        self._session = _session_for(launcher, num_nodes, options)
-        all_nodes = list(self._session.nodes)
-        if num_nodes is not None and num_nodes > len(all_nodes):
-            raise ValueError(
-                f"Cluster(num_nodes={num_nodes}) but the {self._session.launcher_name} cluster has "
-                f"{len(all_nodes)} node(s)"
+        cfg = {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v for k, v in cfg.items()}
+    except ImportError:
+        pass
+    num = cfg.get("num_nodes")
+    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+        raise ValueError(f"cluster_cfg.num_nodes must be a positive int, got {num!r}")
+    groups = cfg.get("node_groups")
+    if groups is not None:
+        if not isinstance(groups, (list, tuple)) or not all(isinstance(g, Mapping) for g in groups):
+            raise ValueError(f"cluster_cfg.node_groups must be a list of mappings, got {groups!r}")
+        labels = [g.get("label") for g in groups]
+        if any(not isinstance(label, str) or not label for label in labels):
+            raise ValueError(f"every entry of cluster_cfg.node_groups needs a non-empty 'label', got {labels!r}")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"cluster_cfg.node_groups labels must be unique, got {labels!r}")
+    placement = cfg.get("component_placement")
+    if placement is not None and not isinstance(placement, Mapping):
+        raise ValueError(f"cluster_cfg.component_placement must be a mapping, got {placement!r}")
+    return cfg
+
+
+def _wait_for_nodes(session: LauncherSession, wanted: int, timeout: float) -> list[NodeInfo]:
+    """The session's nodes once ``wanted`` have joined; bounded by ``timeout``, reporting every few seconds."""
+    start = time.monotonic()
+    next_report = start + _WAIT_REPORT_EVERY
+    while True:
+        nodes = list(session.nodes)
+        if len(nodes) >= wanted:
+            return nodes
+        now = time.monotonic()
+        if now - start >= timeout:
+            raise TimeoutError(
+                f"Cluster(num_nodes={wanted}): only {len(nodes)} node(s) joined the {session.launcher_name} cluster "
+                f"within {timeout:.0f} s; start the missing nodes (ray start --address=...) or ask for fewer "
+                f"(the wait is set by {NODE_WAIT_TIMEOUT_ENV})"
             )
+        if now >= next_report:
+            _log.warning(
+                "waiting for %d node(s) to join the %s cluster: %d joined so far (%.0f s of at most %.0f s)",
+                wanted, session.launcher_name, len(nodes), now - start, timeout,
+            )
+            next_report = now + _WAIT_REPORT_EVERY
+        time.sleep(min(_POLL, max(0.0, start + timeout - now)))
+        session.refresh_nodes()
+
+
+class Cluster:
+    """The set of nodes workers can be placed on.
+
+    ``num_nodes``: use the first N nodes, waiting (at most ``RLINF_NODE_WAIT_TIMEOUT``
+    seconds, 300 by default) until N have joined a cluster that nodes can join
+    (an embedded one cannot: too few nodes is an error at once); ``None`` or 0: every alive
+    node.  ``cluster_cfg``: RLinf's ``cluster`` section (``num_nodes``,
+    ``component_placement``, ``node_groups``), a dict or an OmegaConf object.
+    ``launcher``: the launcher plugin's name.  Other keywords go to the
+    launcher (for Ray: ``address``, ``temp_dir``, ``num_cpus``, ...).
+    """
+
+    def __init__(
+        self,
+        num_nodes: Optional[int] = None,
+        cluster_cfg: Any = None,
+        launcher: Optional[str] = None,
+        **options,
+    ):
+        worker_logging.take_cluster_options(options)  # distributed_log_dir=
+        if num_nodes is not None and (isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0):
+            raise ValueError(f"num_nodes must be a non-negative int, got {num_nodes!r}")
+        cfg = _plain_config(cluster_cfg) if cluster_cfg is not None else None
+        if cfg is not None:
+            if num_nodes and num_nodes != cfg["num_nodes"]:
+                raise ValueError(
+                    f"Cluster(num_nodes={num_nodes}) does not match cluster_cfg.num_nodes={cfg['num_nodes']}"
+                )
+            num_nodes = cfg["num_nodes"]
+        ctx = context.current()
+        if launcher is None and ctx is not None:
+            launcher = ctx.launcher  # inside a worker: the worker's own cluster
+        wait_timeout = options.pop("node_wait_timeout", None)
+        if wait_timeout is None:
+            wait_timeout = config._float_env(NODE_WAIT_TIMEOUT_ENV, DEFAULT_NODE_WAIT_TIMEOUT)
+        self._session = _session_for(launcher, num_nodes, options)
+        session = self._session
+        with _lock:  # the first explicit choice in this process is the cluster's
+            first = session.chosen_num_nodes is None and session.cluster_cfg is None
+            if cfg is not None and session.cluster_cfg is None:
+                session.cluster_cfg = cfg
+            if num_nodes and session.chosen_num_nodes is None:
+                session.chosen_num_nodes = num_nodes
+        if ctx is None and first and (num_nodes or cfg is not None):
+            # the driver's choice is its workers' too (the first one published wins)
+            chosen = session.publish_cluster({"num_nodes": session.chosen_num_nodes, "cluster_cfg": session.cluster_cfg})
+            session.chosen_num_nodes, session.cluster_cfg = chosen["num_nodes"], chosen["cluster_cfg"]
+        elif ctx is not None and first and not num_nodes and cfg is None:
+            chosen = session.published_cluster()  # inside a worker: the driver's cluster
+            if chosen:
+                session.chosen_num_nodes, session.cluster_cfg = chosen["num_nodes"], chosen["cluster_cfg"]
+        self._cfg = cfg if cfg is not None else session.cluster_cfg
+        if not num_nodes:
+            num_nodes = session.chosen_num_nodes
+        all_nodes = list(session.nodes)
+        if num_nodes and num_nodes > len(all_nodes):
+            if not session.nodes_can_join:
+                raise ValueError(
+                    f"Cluster(num_nodes={num_nodes}) but the {session.launcher_name} cluster has "
+                    f"{len(all_nodes)} node(s), and no node can join it"
+                )
+            all_nodes = _wait_for_nodes(session, num_nodes, wait_timeout)
         self._nodes = all_nodes[:num_nodes] if num_nodes else all_nodes
 
     @property
@@ -86,8 +210,33 @@ class Cluster:
     def num_accelerators(self) -> int:
         return sum(n.num_gpus for n in self._nodes)
 
+    @property
+    def cluster_cfg(self) -> Optional[dict]:
+        """The ``cluster`` config this cluster was made with (a plain dict), or None."""
+        return self._cfg
+
+    @property
+    def component_placement(self) -> Optional[dict]:
+        return None if self._cfg is None else self._cfg.get("component_placement")
+
+    @property
+    def node_groups(self) -> list[dict]:
+        return [] if self._cfg is None else list(self._cfg.get("node_groups") or [])
+
+    def get_node_group(self, label: str) -> Optional[dict]:
+        """The ``node_groups`` entry with this label (its node ranks, env vars, ...), or None."""
+        return next((g for g in self.node_groups if g.get("label") == label), None)
+
+    def get_node_info(self, node_rank: int) -> NodeInfo:
+        if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < len(self._nodes):
+            raise ValueError(f"invalid node rank {node_rank!r}: this cluster has nodes 0..{len(self._nodes) - 1}")
+        return self._nodes[node_rank]
+
+    def get_node_ip(self, node_rank: int) -> str:
+        return self.get_node_info(node_rank).ip
+
     def shutdown(self) -> None:
-        """Stop every worker this process launched and disconnect (an embedded cluster stops)."""
+        """Stop every group this process launched and disconnect (an embedded cluster stops)."""
         with _lock:
             for name, session in list(_sessions.items()):
                 if session is self._session:

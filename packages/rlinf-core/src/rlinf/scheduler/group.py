@@ -285,6 +285,38 @@ class WorkerGroup:
         _launched.add(self)
         return self
 
+    @classmethod
+    def from_group_name(cls, worker_class: type, group_name: str, cluster: Optional[Cluster] = None) -> "WorkerGroup":
+        """Attach to the running group ``group_name`` of ``worker_class``.
+
+        The group may have been launched by this process (whose handle was
+        dropped: groups live until stopped) or by another process of the
+        cluster, a worker say.  The result calls the same workers;
+        ``stop()`` on it stops the group for everyone.
+        """
+        if not isinstance(worker_class, type):
+            raise TypeError(f"worker_class must be a class, got {worker_class!r}")
+        validate_group_name(group_name)
+        if cluster is None:
+            cluster = Cluster()
+        elif not isinstance(cluster, Cluster):
+            raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+        session = cluster.session
+        record = session.lookup_group(group_name)
+        handles = session.attach_group(group_name) if record is not None else None
+        if record is None or handles is None:
+            raise GroupNameError(
+                f"no group named {group_name!r} is running in this cluster (running: {session.list_groups()})"
+            )
+        if record.class_name != worker_class.__name__:
+            raise TypeError(
+                f"group {group_name!r} runs workers of class {record.class_name}, not {worker_class.__name__}"
+            )
+        group = cls(worker_class)
+        group._session, group._name, group._cluster = session, group_name, cluster
+        group._handles, group._records = list(handles), list(record.workers)
+        return group
+
     # -- attributes -----------------------------------------------------------
     @property
     def worker_group_name(self) -> Optional[str]:

@@ -120,6 +120,12 @@ class LauncherSession(ABC):
     """A live connection to one cluster through one launcher."""
 
     launcher_name: str = ""
+    #: set by ``Cluster``: the first explicit node count and cluster config of this process
+    chosen_num_nodes: Optional[int] = None
+    cluster_cfg: Optional[dict] = None
+    #: whether nodes may still join (a running multi-node cluster): ``Cluster(num_nodes=N)``
+    #: then waits for them; otherwise too few nodes is an error at once
+    nodes_can_join: bool = False
 
     @property
     @abstractmethod
@@ -178,6 +184,26 @@ class LauncherSession(ABC):
 
     @abstractmethod
     def list_groups(self) -> list[str]: ...
+
+    def attach_group(self, name: str) -> Optional[list]:
+        """Handles (as ``start_workers`` returned them), rank order, on the workers of the
+        running group ``name``, which this or another process of the cluster launched;
+        None if no such group runs.  Launchers that cannot do this raise ``NotImplementedError``."""
+        raise NotImplementedError(
+            f"the {self.launcher_name or type(self).__name__} launcher cannot attach to a running group"
+        )
+
+    def publish_cluster(self, info: dict) -> dict:
+        """Make the driver's cluster choice (``num_nodes``, ``cluster_cfg``) visible to its workers,
+        so that ``Cluster()`` in a worker is the driver's cluster; the first choice wins."""
+        return info
+
+    def published_cluster(self) -> Optional[dict]:
+        """What the driver published, if this launcher can tell its workers."""
+        return None
+
+    def refresh_nodes(self) -> None:
+        """Forget any cached node list, so that ``nodes`` sees nodes that joined since."""
 
     def shutdown(self) -> None:
         """Disconnect; an embedded cluster started by this session is stopped."""

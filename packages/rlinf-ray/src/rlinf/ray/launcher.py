@@ -5,6 +5,17 @@ pinned to its node by node-id label, so a placement that the cluster cannot
 host fails as a whole instead of half-starting.  Accelerators are assigned
 by core (``CUDA_VISIBLE_DEVICES``), not by Ray, so the strategy decides
 exactly which device each worker sees.
+
+Lifetime: a group lives until it is stopped, whether or not the code that
+launched it keeps its ``WorkerGroup``.  Its actors are owned by the process
+that launched it (the driver, or a worker for a child group) and the session
+and the registry hold their handles, so Ray does not collect them; stopping
+the group kills them and removes the placement group, which frees its
+resources at once.  ``Cluster.shutdown()`` stops every group the process
+launched; if the driver exits without it, or is killed, Ray ends the actors
+and placement groups it owns (fate sharing with the owner), on an embedded
+cluster and on an external ``ray start`` cluster alike.  Nothing is detached,
+so no group outlives its driver.
 """
 
 from __future__ import annotations
@@ -40,13 +51,15 @@ WORKER_CPU = 0.01
 NODE_LABEL = "ray.io/node-id"
 #: seconds per blocking wait slice while collecting results
 _SLICE = 1.0
+#: seconds a registry request may take (the registry actor answers at once unless it is gone)
+_REGISTRY_TIMEOUT = 60.0
 
 
-def _prepare_environment() -> None:
+def _prepare_environment(address: Optional[str]) -> None:
     """Settings that must be in place before ``import ray`` for a loopback-only local cluster."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if not os.environ.get("RAY_AUTH_MODE") and not os.environ.get("RAY_AUTH_TOKEN") and not os.environ.get("RAY_ADDRESS"):
+    if not address and not os.environ.get("RAY_AUTH_MODE") and not os.environ.get("RAY_AUTH_TOKEN"):
         # token auth without writing ~/.ray: the token lives in this process tree's environment
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(24)
 
@@ -90,9 +103,10 @@ class RaySession(LauncherSession):
 
         self._ray = ray
         self._owns_cluster = owns_cluster
+        self.nodes_can_join = not owns_cluster  # an embedded cluster is this machine alone
         self._registry = get_or_create_registry() if owns_cluster or not self._in_worker() else get_registry()
-        self._groups: dict[str, Any] = {}  # group name -> placement group, for groups launched here
-        self._actors: dict[int, Any] = {}
+        # group name -> (actor handles, placement group), for groups launched here and not stopped
+        self._groups: dict[str, tuple] = {}
         self._nodes_cache: Optional[list[NodeInfo]] = None
         self.watchdog = None  # the process that cleans up if this driver is killed
 
@@ -119,25 +133,60 @@ class RaySession(LauncherSession):
             ]
         return self._nodes_cache
 
+    def refresh_nodes(self) -> None:
+        self._nodes_cache = None
+
     # -- registry -----------------------------------------------------------------
     def reserve_group(self, name: str) -> None:
-        if not self._ray.get(self._registry.reserve.remote(name)):
+        if not self._ray.get(self._registry.reserve.remote(name), timeout=_REGISTRY_TIMEOUT):
             raise GroupNameError(f"group name {name!r} is taken")
 
     def register_group(self, record: GroupRecord) -> None:
-        self._ray.get(self._registry.register.remote(record))
+        launched = self._groups.get(record.name)
+        self._ray.get(self._registry.register.remote(record, launched), timeout=_REGISTRY_TIMEOUT)
 
     def release_group(self, name: str) -> None:
+        """Forget the group and remove its placement group, wherever it was launched."""
+        local = self._groups.pop(name, None)
         try:
-            self._ray.get(self._registry.release.remote(name), timeout=30)
+            remote = self._ray.get(self._registry.release.remote(name), timeout=_REGISTRY_TIMEOUT)
         except Exception:
-            pass  # the registry dies with the driver; nothing left to release
+            remote = None  # the registry dies with the driver, and with it every placement group
+        for launched in {id(x): x for x in (local, remote) if x is not None}.values():
+            self._free(launched)
+
+    def _free(self, launched) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        actors, pg = launched
+        for actor in actors:
+            try:
+                self._ray.kill(actor, no_restart=True)
+            except Exception:
+                pass  # already gone
+        try:
+            remove_placement_group(pg)
+        except Exception:
+            pass  # already removed (by whoever stopped the group first)
+
+    def publish_cluster(self, info: dict) -> dict:
+        return self._ray.get(self._registry.set_cluster.remote(info), timeout=_REGISTRY_TIMEOUT)
+
+    def published_cluster(self) -> Optional[dict]:
+        return self._ray.get(self._registry.cluster.remote(), timeout=_REGISTRY_TIMEOUT)
+
+    def attach_group(self, name: str) -> Optional[list]:
+        """Handles, rank order, on the workers of the running group ``name`` (None if not running)."""
+        launched = self._ray.get(self._registry.resources.remote(name), timeout=_REGISTRY_TIMEOUT)
+        if launched is None:
+            return None
+        return [RayHandle(actor, rank) for rank, actor in enumerate(launched[0])]
 
     def lookup_group(self, name: str) -> Optional[GroupRecord]:
-        return self._ray.get(self._registry.lookup.remote(name))
+        return self._ray.get(self._registry.lookup.remote(name), timeout=_REGISTRY_TIMEOUT)
 
     def list_groups(self) -> list[str]:
-        return self._ray.get(self._registry.names.remote())
+        return self._ray.get(self._registry.names.remote(), timeout=_REGISTRY_TIMEOUT)
 
     # -- workers --------------------------------------------------------------------
     def start_workers(self, specs, payload, timeout):
@@ -183,7 +232,7 @@ class RaySession(LauncherSession):
                 ray.kill(a, no_restart=True)
             remove_placement_group(pg)
             raise
-        self._groups[group] = pg
+        self._groups[group] = (actors, pg)  # held until stopped: Ray ends actors nobody holds
         return [(RayHandle(a, s.placement.rank), r) for a, s, r in zip(actors, specs, records)]
 
     def _collect_launch(self, refs, specs, timeout):
@@ -277,18 +326,33 @@ class RaySession(LauncherSession):
             except RayActorError as exc:
                 out.append(Died(_death_reason(exc)))
             except RayTaskError as exc:
-                cause = getattr(exc, "cause", None)
-                out.append(Rejected(f"{type(cause).__name__}: {cause}" if cause is not None else str(exc).splitlines()[0],
-                                    getattr(exc, "traceback_str", "") or str(exc)))
+                out.append(_rejected(exc))
         return out
 
     async def collect_async(self, calls):
+        """``collect`` on the event loop: once a rank fails, the others get the same grace period."""
         import asyncio
 
-        await asyncio.wait([asyncio.ensure_future(_as_future(c.ref)) for c in calls], return_when=asyncio.FIRST_EXCEPTION)
-        return await asyncio.get_running_loop().run_in_executor(None, self.collect, calls, None)
+        tasks = [asyncio.ensure_future(_outcome_of(c.ref)) for c in calls]
+        pending = set(tasks)
+        grace_end = None
+        try:
+            while pending:
+                # no deadline before a failure: like ``wait()`` without a timeout, the
+                # calls themselves are bounded (by RLINF_TIMEOUT for communication)
+                wait_for = None if grace_end is None else max(0.0, grace_end - time.monotonic())
+                done, pending = await asyncio.wait(pending, timeout=wait_for, return_when=asyncio.FIRST_COMPLETED)
+                if grace_end is None and any(not (type(t.result()) is CallOutcome and t.result().ok) for t in done):
+                    grace_end = time.monotonic() + config.error_grace()
+                if pending and grace_end is not None and time.monotonic() >= grace_end:
+                    break
+        finally:
+            for t in pending:
+                t.cancel()
+        return [t.result() if t.done() and not t.cancelled() else _STILL_RUNNING for t in tasks]
 
     def stop_workers(self, handles):
+        # the placement group goes in ``release_group``, which core calls right after
         for h in handles:
             try:
                 self._ray.kill(h.actor, no_restart=True)
@@ -296,14 +360,9 @@ class RaySession(LauncherSession):
                 pass
 
     def shutdown(self):
-        from ray.util.placement_group import remove_placement_group
-
-        for pg in self._groups.values():
-            try:
-                remove_placement_group(pg)
-            except Exception:
-                pass
-        self._groups.clear()
+        """Stop every group launched here (actors and placement groups), then disconnect."""
+        for name in list(self._groups):
+            self.release_group(name)
         if self._owns_cluster and self._ray.is_initialized():
             self._ray.shutdown()
         if self.watchdog is not None:  # nothing left for it to guard
@@ -312,15 +371,28 @@ class RaySession(LauncherSession):
             self.watchdog = None
 
 
-async def _as_future(ref):
+async def _outcome_of(ref):
+    """The outcome of one call, awaited: a value, or why the worker could not answer."""
+    from ray.exceptions import RayActorError, RayError, RayTaskError
+
     try:
-        await ref
-    except Exception:
-        pass
+        return from_wire(await ref)
+    except RayActorError as exc:
+        return Died(_death_reason(exc))
+    except RayTaskError as exc:
+        return _rejected(exc)
+    except RayError as exc:  # the result is lost with its worker (owner died, object lost, ...)
+        return Died(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
 
 
 #: outcome of a rank still running when another rank's failure is reported
 _STILL_RUNNING = CallOutcome(True, None, {})
+
+
+def _rejected(exc) -> Rejected:
+    cause = getattr(exc, "cause", None)
+    return Rejected(f"{type(cause).__name__}: {cause}" if cause is not None else str(exc).splitlines()[0],
+                    getattr(exc, "traceback_str", "") or str(exc))
 
 
 def _death_reason(exc) -> str:
@@ -351,12 +423,14 @@ class RayLauncher(Launcher):
     name = "ray"
 
     def connect(self, num_nodes: int, **options) -> RaySession:
-        _prepare_environment()
+        """Join the cluster named by ``address=`` or ``RAY_ADDRESS`` ("auto": the ``ray start``
+        cluster of this machine), or start an embedded one on loopback."""
+        address = options.pop("address", None) or os.environ.get("RAY_ADDRESS")
+        _prepare_environment(address)
         import ray
 
         if ray.is_initialized():
             return RaySession(owns_cluster=False)
-        address = options.pop("address", None) or os.environ.get("RAY_ADDRESS")
         if address:
             ray.init(address=address, log_to_driver=options.pop("log_to_driver", True), **options)
             return RaySession(owns_cluster=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from typing import Any, Callable, Optional
 
 
@@ -26,14 +27,23 @@ class AsyncWork:
         if not works:
             return cls.completed(value, describe)
         out: concurrent.futures.Future = concurrent.futures.Future()
-        remaining = [len(works)]
+        state = {"remaining": len(works), "settled": False}
+        # the callbacks run concurrently on whichever threads finish the works: the
+        # count and the decision to settle ``out`` change under one lock (a lost
+        # decrement would leave ``out`` pending forever); ``out`` is settled outside
+        # it, because settling runs ``out``'s own callbacks
+        lock = threading.Lock()
 
         def one_done(fut: concurrent.futures.Future) -> None:
             exc = fut.exception()
-            if exc is not None and not out.done():
+            with lock:
+                state["remaining"] -= 1
+                if state["settled"] or (exc is None and state["remaining"] > 0):
+                    return
+                state["settled"] = True
+            if exc is not None:
                 out.set_exception(exc)
-            remaining[0] -= 1
-            if remaining[0] == 0 and not out.done():
+            else:
                 out.set_result(value)
 
         for w in works:

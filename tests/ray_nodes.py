@@ -1,0 +1,125 @@
+"""A private multi-node Ray cluster on this machine, for tests that need ``ray start``.
+
+Every node is a ``ray start ... --block`` process in its own process group,
+with its own ports and the cluster's own temp dir.  A one-node cluster stays
+on 127.0.0.1; with ``multi_node=True`` Ray runs in cluster mode, which
+advertises this machine's own address instead of loopback (as
+``ray.cluster_utils.Cluster`` does too).  ``stop()``
+kills exactly those process groups, then any process left that names the
+temp dir (Ray's daemons and workers do), and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from rlinf.ray.watchdog import kill_session
+
+_PORT_OPTIONS = (
+    "--node-manager-port", "--object-manager-port", "--metrics-export-port", "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RayNodes:
+    def __init__(self, multi_node: bool = False):
+        self.multi_node = multi_node
+        self.temp_dir = tempfile.mkdtemp(prefix="rln")  # short: Ray's socket paths must fit in 107 bytes
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self._procs: list[subprocess.Popen] = []
+        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1" if multi_node else "0")
+        for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE"):
+            self.env.pop(key, None)
+
+    def _start(self, args: list[str]) -> None:
+        ports = []
+        for opt in _PORT_OPTIONS:
+            ports += [f"{opt}={free_port()}"]
+        low = free_port()
+        cmd = [
+            sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
+            *([] if self.multi_node else ["--node-ip-address=127.0.0.1"]), f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--min-worker-port={low}",
+            f"--max-worker-port={low + 40}", *ports, *args,
+        ]
+        log = open(os.path.join(self.temp_dir, f"node{len(self._procs)}.log"), "w")
+        self._procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=self.env, start_new_session=True))
+
+    def start_head(self, num_cpus: int, num_gpus: int = 0) -> None:
+        self._start(["--head", f"--port={self.port}", "--include-dashboard=false",
+                     f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}"])
+        deadline = time.monotonic() + 90
+        while True:  # bounded: the head's GCS port accepts connections once it is up
+            if self._procs[0].poll() is not None:
+                raise RuntimeError(f"ray start --head exited with {self._procs[0].returncode}:\n{self.logs()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the Ray head did not come up within 90 s:\n{self.logs()}") from None
+                time.sleep(0.3)
+
+    def add_node(self, num_cpus: int, num_gpus: int = 0) -> None:
+        assert self.multi_node, "RayNodes(multi_node=True) is needed to add nodes"
+        self._start([f"--address={self.address}", f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}"])
+
+    def run_driver(self, program: str, *args: str, timeout: float = 150, extra_env: dict | None = None):
+        """Run ``program`` as a driver joining this cluster (through RAY_ADDRESS); return the CompletedProcess."""
+        env = dict(self.env, RAY_ADDRESS=self.address, **(extra_env or {}))
+        proc = subprocess.Popen([sys.executable, program, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate(timeout=30)
+            err += f"\n[driver killed after {timeout} s]"
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def logs(self) -> str:
+        text = []
+        for name in sorted(os.listdir(self.temp_dir)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.temp_dir, name), errors="replace") as f:
+                    text.append(f"--- {name}\n{f.read()[-2000:]}")
+        return "\n".join(text)
+
+    def stop(self) -> None:
+        for proc in self._procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        for proc in self._procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(10)
+        kill_session(self.temp_dir)  # Ray daemons and workers that left the process groups
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
