@@ -14,18 +14,22 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+import weakref
 from typing import Any, Optional
 
 from .. import config
 from ..address import validate_group_name
 from ..errors import CommTimeoutError, CommunicationError, GroupNameError, PeerDiedError
 from ..worker import Worker
-from .client import REPLY_GRACE, ChannelClient
+from .client import REPLY_GRACE, ChannelClient, SendTimeout
+from .protocol import send_timeout as _send_timeout
 
 DEFAULT_KEY = "default_queue"
 _GROUP_PREFIX = "Channel."
 #: seconds connect() waits for a channel that another process is creating
 CONNECT_WAIT = 10.0
+#: seconds a ``*_nowait`` call may spend handing its request to the transport
+NOWAIT_SEND = 1.0
 
 
 class ChannelHostWorker(Worker):
@@ -153,26 +157,42 @@ class Channel:
                 _clients[self._name] = client
             return client
 
-    def _call(self, ctrl: dict, frames=(), async_op: bool = False, timeout: Optional[float] = None, decode=None):
+    def _call(self, ctrl: dict, frames=(), async_op: bool = False, timeout: Optional[float] = None, decode=None,
+              send_timeout: Optional[float] = None):
         client = self._client()
-        rid, fut = client.request(ctrl, frames)
         what = f"{ctrl['op']} on channel {self._name!r} key {ctrl.get('key', DEFAULT_KEY)!r}"
+        try:
+            rid, fut = client.request(ctrl, frames, send_timeout)
+        except SendTimeout as exc:
+            if ctrl.get("nowait"):
+                raise asyncio.QueueFull(f"{what}: the host is not taking items ({exc})") from None
+            raise CommTimeoutError(f"{what}: {exc}", peer=client.host) from None
 
         def finish(reply):
             ctrl_back, items = reply
-            _raise_for(ctrl_back, what, client.host)
-            return decode(ctrl_back, items) if decode else ctrl_back.get("value")
+            try:
+                _raise_for(ctrl_back, what, client.host)
+                return decode(ctrl_back, items) if decode else ctrl_back.get("value")
+            finally:
+                if "count" in ctrl_back:
+                    client.ack(rid)  # the item is the user's now (even if it fails to decode: never redeliver poison)
 
         if async_op:
             from ..p2p.async_work import AsyncWork
 
+            if ctrl["op"] in ("get", "get_batch"):
+                return _TakeWork(fut, what, finish, client, rid)
             return AsyncWork(fut, what).then(finish)
-        wait = None if timeout is None else timeout + REPLY_GRACE
+        # bounded: a sync operation always carries a timeout, and the host answers (or is declared dead) before this
+        wait = (_send_timeout() if timeout is None else timeout) + REPLY_GRACE
         try:
             reply = fut.result(wait)
         except concurrent.futures.TimeoutError:
             client.cancel(rid)
             raise CommTimeoutError(f"{what} got no reply from its host within {wait:g} s", peer=client.host) from None
+        except BaseException:
+            client.cancel(rid)  # interrupted: the host must not keep an item for a caller that left
+            raise
         return finish(reply)
 
     # -- producer side ------------------------------------------------------------
@@ -183,7 +203,7 @@ class Channel:
         header, buffers = codec.encode(item)
         timeout = None if async_op and timeout is None else config.resolve_timeout(timeout)
         ctrl = {"op": "put", "key": _check_key(key), "weight": float(weight), "timeout": timeout}
-        result = self._call(ctrl, [header, *buffers], async_op, timeout)
+        result = self._call(ctrl, [header, *buffers], async_op, timeout, send_timeout=timeout)
         return result if async_op else None
 
     def put_nowait(self, item: Any, weight: float = 0, key: str = DEFAULT_KEY) -> None:
@@ -191,7 +211,8 @@ class Channel:
         from ..p2p import codec
 
         header, buffers = codec.encode(item)
-        self._call({"op": "put", "key": _check_key(key), "weight": float(weight), "nowait": True}, [header, *buffers])
+        self._call({"op": "put", "key": _check_key(key), "weight": float(weight), "nowait": True}, [header, *buffers],
+                   timeout=NOWAIT_SEND, send_timeout=NOWAIT_SEND)
 
     # -- consumer side --------------------------------------------------------------
     def get(self, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
@@ -201,7 +222,7 @@ class Channel:
 
     def get_nowait(self, key: str = DEFAULT_KEY):
         """Remove and return the oldest item, or raise ``asyncio.QueueEmpty`` at once."""
-        return self._call({"op": "get", "key": _check_key(key), "nowait": True}, (), False, None, _decode_one)
+        return self._call({"op": "get", "key": _check_key(key), "nowait": True}, (), False, NOWAIT_SEND, _decode_one)
 
     def get_batch(self, target_weight: float, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
         """The longest FIFO prefix of ``key``'s queue whose weights sum to at most ``target_weight``.
@@ -223,6 +244,76 @@ class Channel:
 
     def full(self, key: str = DEFAULT_KEY) -> bool:
         return self._call({"op": "full", "key": _check_key(key)}, timeout=config.default_timeout())
+
+
+def _take_work_base():
+    from ..p2p.async_work import AsyncWork
+
+    return AsyncWork
+
+
+class _TakeWork(_take_work_base()):
+    """The AsyncWork of a get: its item leaves the channel only when the user takes the result.
+
+    ``wait``/``await``/``then`` take it (and acknowledge it to the host); if
+    the work is dropped before that, the request is cancelled and the host
+    puts the item back at the head of its queue.
+    """
+
+    def __init__(self, raw: concurrent.futures.Future, what: str, finish, client: ChannelClient, rid: int):
+        taken = [False]
+        out: concurrent.futures.Future = concurrent.futures.Future()
+
+        def arrived(f: concurrent.futures.Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                taken[0] = True  # nothing to put back
+                out.set_exception(exc)
+                return
+            ctrl_back, items = f.result()
+            if "count" not in ctrl_back:
+                taken[0] = True
+            # decoded only once the user takes it: finish() also acknowledges the item
+            out.set_result((ctrl_back, items))
+
+        super().__init__(out, what)
+        self._finish, self._taken, self._value = finish, taken, None
+        self._lock = threading.Lock()
+        weakref.finalize(self, _abandon, client, rid, taken)
+        raw.add_done_callback(arrived)
+
+    def _take(self, reply):
+        with self._lock:
+            if self._value is None:
+                self._taken[0] = True
+                self._value = (self._finish(reply),)
+            return self._value[0]
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        return self._take(super().wait(timeout))
+
+    async def async_wait(self) -> Any:
+        return self._take(await super().async_wait())
+
+    def then(self, fn):
+        from ..p2p.async_work import AsyncWork
+
+        nxt: concurrent.futures.Future = concurrent.futures.Future()
+
+        def chain(f: concurrent.futures.Future) -> None:
+            try:
+                nxt.set_result(fn(self._take(f.result())))
+            except BaseException as exc:
+                nxt.set_exception(exc)
+
+        self._future.add_done_callback(chain)
+        return AsyncWork(nxt, self._describe)
+
+
+def _abandon(client: ChannelClient, rid: int, taken: list) -> None:
+    if not taken[0]:
+        taken[0] = True
+        client.abandon(rid)
 
 
 def _raise_for(ctrl: dict, what: str, host: str) -> None:
