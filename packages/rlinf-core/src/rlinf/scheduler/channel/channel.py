@@ -94,17 +94,26 @@ class Channel:
         if isinstance(node_id, bool) or not isinstance(node_id, int) or node_id < 0:
             raise ValueError(f"node_id must be an int >= 0, got {node_id!r}")
         cluster = cluster or Cluster()
-        with _lock:
-            if name in _hosts:
+        deadline = time.monotonic() + config.launch_timeout()
+        while True:
+            with _lock:
+                if name in _hosts:
+                    return cls(name, maxsize)
+                try:
+                    _hosts[name] = ChannelHostWorker.create_group(name, maxsize).launch(
+                        cluster, placement_strategy=NodePlacementStrategy([node_id]), name=group
+                    )
+                    return cls(name, maxsize)
+                except GroupNameError:
+                    pass  # another process holds the name: it runs the host, or is launching it
+            # lost the race: connect once the winner's host is registered; if the winner's launch
+            # failed (the name is released again) the next round launches the host here
+            if cluster.session.lookup_group(group) is not None:
                 return cls(name, maxsize)
-            try:
-                host = ChannelHostWorker.create_group(name, maxsize).launch(
-                    cluster, placement_strategy=NodePlacementStrategy([node_id]), name=group
-                )
-            except GroupNameError:
-                return cls.connect(name)
-            _hosts[name] = host
-        return cls(name, maxsize)
+            if time.monotonic() >= deadline:
+                raise CommunicationError(f"channel {name!r} is being created by another process, which did not "
+                                         f"finish within {config.launch_timeout():g} s")
+            time.sleep(0.1)
 
     @classmethod
     def connect(cls, name: str, timeout: float = CONNECT_WAIT) -> "Channel":
@@ -270,7 +279,7 @@ class _TakeWork(_take_work_base()):
                 taken[0] = True  # nothing to put back
                 out.set_exception(exc)
                 return
-            ctrl_back, items = f.result()
+            ctrl_back, items = f.result()  # done: this is its done-callback
             if "count" not in ctrl_back:
                 taken[0] = True
             # decoded only once the user takes it: finish() also acknowledges the item
@@ -290,6 +299,7 @@ class _TakeWork(_take_work_base()):
             return self._value[0]
 
     def wait(self, timeout: Optional[float] = None) -> Any:
+        # timeout=None waits as long as the user asked; the host answers or is declared dead by heartbeat
         return self._take(super().wait(timeout))
 
     async def async_wait(self) -> Any:
@@ -302,7 +312,7 @@ class _TakeWork(_take_work_base()):
 
         def chain(f: concurrent.futures.Future) -> None:
             try:
-                nxt.set_result(fn(self._take(f.result())))
+                nxt.set_result(fn(self._take(f.result())))  # done: this is its done-callback
             except BaseException as exc:
                 nxt.set_exception(exc)
 
