@@ -21,6 +21,7 @@ from .. import config
 from ..address import validate_group_name
 from ..errors import CommTimeoutError, CommunicationError, GroupNameError, PeerDiedError
 from ..worker import Worker
+from .keys import key_token, replica_of, show_key
 from .client import REPLY_GRACE, ChannelClient, SendTimeout
 from .protocol import send_timeout as _send_timeout
 
@@ -64,13 +65,15 @@ def _check_maxsize(maxsize) -> int:
 
 
 def _check_key(key) -> str:
-    if not isinstance(key, str) or not key:
-        raise TypeError(f"a channel key must be a non-empty str, got {key!r}")
-    return key
+    if key == "":
+        raise TypeError("a channel key must not be the empty string")
+    return key_token(key)
 
 
 _hosts: dict[str, Any] = {}  # channel name -> host group launched by this process (keeps the actor alive)
-_clients: dict[str, ChannelClient] = {}
+_clients: dict[tuple, ChannelClient] = {}  # (channel name, replica) -> this process's connection
+_replica_counts: dict[str, int] = {}
+_local: dict[str, Any] = {}  # channel name -> LocalChannel of this process
 _lock = threading.Lock()
 
 
@@ -84,8 +87,16 @@ class Channel:
 
     # -- creation ---------------------------------------------------------------
     @classmethod
-    def create(cls, name: str, maxsize: int = 0, node_id: int = 0, cluster=None) -> "Channel":
-        """Create the channel on node ``node_id``, or connect to it if it exists."""
+    def create(cls, name: str, maxsize: int = 0, node_id: int = 0, cluster=None, *, distributed: bool = False,
+               local: bool = False):
+        """Create the channel on node ``node_id``, or connect to it if it exists.
+
+        ``local=True``: an in-process channel for this process only (RLinf's
+        local channel; see ``channel.local``).  ``distributed=True``: one host
+        per node of the cluster; each key lives on one of them, chosen by a
+        hash of the key that every process computes alike, so each key stays
+        one FIFO queue while the keys spread over the nodes.
+        """
         from ..cluster import Cluster
         from ..placement import NodePlacementStrategy
 
@@ -93,6 +104,15 @@ class Channel:
         maxsize = _check_maxsize(maxsize)
         if isinstance(node_id, bool) or not isinstance(node_id, int) or node_id < 0:
             raise ValueError(f"node_id must be an int >= 0, got {node_id!r}")
+        if local and distributed:
+            raise ValueError("a channel cannot be both local=True and distributed=True")
+        if local:
+            from .local import LocalChannel
+
+            with _lock:
+                if name not in _local:
+                    _local[name] = LocalChannel(name, maxsize)
+                return _local[name]
         cluster = cluster or Cluster()
         deadline = time.monotonic() + config.launch_timeout()
         while True:
@@ -100,8 +120,9 @@ class Channel:
                 if name in _hosts:
                     return cls(name, maxsize)
                 try:
+                    nodes = [n.node_rank for n in cluster.nodes] if distributed else [node_id]
                     _hosts[name] = ChannelHostWorker.create_group(name, maxsize).launch(
-                        cluster, placement_strategy=NodePlacementStrategy([node_id]), name=group
+                        cluster, placement_strategy=NodePlacementStrategy(nodes), name=group
                     )
                     return cls(name, maxsize)
                 except GroupNameError:
@@ -121,6 +142,8 @@ class Channel:
         from ..cluster import current_session
 
         group = _group_name(name)
+        if name in _local:
+            return _local[name]
         session = current_session()
         deadline = time.monotonic() + timeout
         while True:
@@ -142,34 +165,47 @@ class Channel:
         return f"Channel({self._name!r})"
 
     # -- plumbing -----------------------------------------------------------------
-    def _client(self) -> ChannelClient:
-        client = _clients.get(self._name)
+    def _replicas(self) -> int:
+        """How many hosts serve this channel (one per node for ``distributed=True``)."""
+        n = _replica_counts.get(self._name)
+        if n is None:
+            from ..cluster import current_session
+
+            record = current_session().lookup_group(self._group)
+            if record is None:
+                raise CommunicationError(f"channel {self._name!r} no longer exists (its host stopped)")
+            n = _replica_counts[self._name] = len(record.workers)
+        return n
+
+    def _client(self, replica: int = 0) -> ChannelClient:
+        slot = (self._name, replica)
+        client = _clients.get(slot)
         if client is not None and client._dead is None:
             return client
         with _lock:
-            client = _clients.get(self._name)
+            client = _clients.get(slot)
             if client is None or client._dead is not None:
                 from ..cluster import current_session
 
                 record = current_session().lookup_group(self._group)
                 if record is None:
                     raise CommunicationError(f"channel {self._name!r} no longer exists (its host stopped)")
-                host = record.workers[0]
+                host = record.workers[replica]
                 try:
-                    client = ChannelClient.connect(self._name, self._group + ":0", host)
+                    client = ChannelClient.connect(self._name, f"{self._group}:{replica}", host)
                 except OSError as exc:
                     raise PeerDiedError(
                         f"cannot reach the host of channel {self._name!r} ({host.info.describe()}): {exc}; "
                         f"its process may have died",
-                        peer=self._group + ":0",
+                        peer=f"{self._group}:{replica}",
                     ) from None
-                _clients[self._name] = client
+                _clients[slot] = client
             return client
 
     def _call(self, ctrl: dict, frames=(), async_op: bool = False, timeout: Optional[float] = None, decode=None,
               send_timeout: Optional[float] = None):
-        client = self._client()
-        what = f"{ctrl['op']} on channel {self._name!r} key {ctrl.get('key', DEFAULT_KEY)!r}"
+        client = self._client(replica_of(ctrl.get("key", DEFAULT_KEY), self._replicas()))
+        what = f"{ctrl['op']} on channel {self._name!r} key {show_key(ctrl.get('key', DEFAULT_KEY))}"
         try:
             rid, fut = client.request(ctrl, frames, send_timeout)
         except SendTimeout as exc:
@@ -369,6 +405,8 @@ def forget_process_channels() -> None:
         clients = list(_clients.values())
         _clients.clear()
         _hosts.clear()
+        _replica_counts.clear()
+        _local.clear()
     for client in clients:
         try:
             client.close()
@@ -379,8 +417,11 @@ def forget_process_channels() -> None:
 def create_channel_from_worker(name, node_id, maxsize, aliases) -> Channel:
     name = aliases.pop("channel_name", name)
     node_id = aliases.pop("node_rank", node_id)
+    local = aliases.pop("local", False)
+    distributed = aliases.pop("distributed", False)
     if aliases:
         raise TypeError(f"create_channel() got unexpected keyword arguments {sorted(aliases)}")
     if name is None:
         raise TypeError("create_channel() needs a channel name")
-    return Channel.create(name, maxsize=maxsize, node_id=0 if node_id is None else node_id)
+    return Channel.create(name, maxsize=maxsize, node_id=0 if node_id is None else node_id,
+                          local=local, distributed=distributed)

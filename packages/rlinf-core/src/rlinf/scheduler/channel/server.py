@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..p2p.transport import Link
+from .keys import show_key
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_timeout
 
 
@@ -254,7 +255,7 @@ class ChannelServer:
                     out.append((conn, {"id": rid}, ()))
                 elif ctrl.get("nowait"):
                     self._blocks.give_back(item)
-                    out.append((conn, {"id": rid, "error": "QueueFull", "message": f"channel {self.name!r} key {key!r} is full ({self.maxsize} items)"}, ()))
+                    out.append((conn, {"id": rid, "error": "QueueFull", "message": f"channel {self.name!r} key {show_key(key)} is full ({self.maxsize} items)"}, ()))
                 else:
                     q.putters.append(waiter)
                     self._deadline_added(deadline)
@@ -263,9 +264,9 @@ class ChannelServer:
                 waiter = _Waiter(conn, rid, op, deadline, target=float(ctrl.get("target", 0)))
                 if op == "get_batch" and q.items and q.items[0][1] > waiter.target and not q.getters:
                     out.append((conn, {"id": rid, "error": "ValueError", "message":
-                                       f"the next item on key {key!r} weighs {q.items[0][1]}, more than target_weight {waiter.target}"}, ()))
+                                       f"the next item on key {show_key(key)} weighs {q.items[0][1]}, more than target_weight {waiter.target}"}, ()))
                 elif ctrl.get("nowait") and not q.items:
-                    out.append((conn, {"id": rid, "error": "QueueEmpty", "message": f"channel {self.name!r} key {key!r} is empty"}, ()))
+                    out.append((conn, {"id": rid, "error": "QueueEmpty", "message": f"channel {self.name!r} key {show_key(key)} is empty"}, ()))
                 else:
                     q.getters.append(waiter)
                     self._deadline_added(deadline)
