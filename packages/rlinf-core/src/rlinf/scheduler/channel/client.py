@@ -176,7 +176,14 @@ class ChannelClient:
         """``cancel`` from a garbage-collection finalizer: queued, sent by the heartbeat thread."""
         self._abandoned.append(rid)
 
-    def close(self) -> None:
+    def close(self, grace: float = 2.0) -> None:
+        """Say goodbye (so the host has read every ack sent before), then close the connection."""
+        if self._dead is None:
+            try:
+                _, fut = self.request({"op": "bye"}, (), grace)
+                fut.result(grace)  # bounded; a host that does not answer is closed on anyway
+            except Exception:
+                pass
         self.fail(f"the connection to channel {self.channel!r} was closed")
 
 

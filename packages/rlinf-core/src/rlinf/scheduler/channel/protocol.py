@@ -7,7 +7,8 @@ forwards them without decoding, so tensors are never pickled and the host
 needs no torch.
 
 Operations with a reply: ``put``, ``get``, ``get_batch``, ``qsize``, ``full``,
-``ping`` (answered by a ``pong`` with id 0).  One-way: ``ack`` (``ids``: the
+``ping`` (answered by a ``pong`` with id 0), ``bye`` (sent before a client
+closes its connection, so that the host has read its last acks).  One-way: ``ack`` (``ids``: the
 client handed those replies' items to its user, the host may forget them)
 and ``cancel`` (``target``: the request was given up; a parked request is
 dropped, an item already sent for it goes back to the head of its queue).
@@ -26,7 +27,7 @@ DEFAULT_SEND_TIMEOUT = 30.0
 #: seconds between heartbeats of a client; either side declares the other
 #: dead after ``DEAD_AFTER_BEATS`` heartbeats' time without hearing from it
 HEARTBEAT_ENV = "RLINF_CHANNEL_HEARTBEAT"
-DEFAULT_HEARTBEAT = 2.0
+DEFAULT_HEARTBEAT = 3.0
 DEAD_AFTER_BEATS = 5
 
 

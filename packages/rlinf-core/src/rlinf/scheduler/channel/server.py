@@ -223,6 +223,8 @@ class ChannelServer:
         op, rid = ctrl["op"], ctrl.get("id", 0)
         if op == "ping":
             return [(conn, {"id": 0, "op": "pong"}, ())]
+        if op == "bye":  # the client closes once answered: everything it sent before has been handled
+            return [(conn, {"id": rid}, ())]
         if op == "ack":
             with self._lock:
                 done = [conn.inflight.pop(i, None) for i in ctrl["ids"]]
