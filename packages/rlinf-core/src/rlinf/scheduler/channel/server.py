@@ -357,8 +357,8 @@ class ChannelServer:
                 for w in waiters:
                     if w.conn is conn and w.rid == target:
                         waiters.remove(w)
-                        if w.op == "put":  # an abandoned put still delivers its item
-                            q.items.append((w.frames, w.weight))
+                        if w.op == "put":  # its caller was told it failed (timed out, interrupted): it did not happen
+                            self._blocks.give_back(w.frames)
                         return key
         return None
 
