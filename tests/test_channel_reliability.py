@@ -51,6 +51,19 @@ def test_consumer_keeping_items_never_blocks_the_host(cluster, launch, short_lim
     other = launch(Peer, placement=NodePlacementStrategy([0]))
     for i in range(200):
         ch.put(torch.full((MiB // 4,), float(i)), timeout=30)
+
+    def round_trips(w, ch, seconds):
+        """Another client's put/get round trips on another key while the host deals with the keeper."""
+        worst, end = 0.0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            start = time.monotonic()
+            ch.put("ping", key="other", timeout=10)
+            assert ch.get(key="other", timeout=10) == "ping"
+            worst = max(worst, time.monotonic() - start)
+            time.sleep(0.05)
+        return worst
+
+    others = run_on(other, 0, round_trips, ch, 8.0)
     kept, error, slowest = [], None, 0.0
     for _ in range(200):
         start = time.monotonic()
@@ -63,14 +76,7 @@ def test_consumer_keeping_items_never_blocks_the_host(cluster, launch, short_lim
         slowest = max(slowest, time.monotonic() - start)
     # either every item arrived, or the host declared this client dead after its send deadline
     assert slowest < 20, f"a get waited {slowest:.1f} s"
-
-    def round_trip(w, ch):
-        start = time.monotonic()
-        ch.put("ping", key="other", timeout=10)
-        assert ch.get(key="other", timeout=10) == "ping"
-        return time.monotonic() - start
-
-    assert run_on(other, 0, round_trip, ch).wait()[0] < 10  # the host serves others meanwhile
+    assert others.wait()[0] < 5  # the host kept serving others meanwhile
     got = [int(t[0]) for t in kept]
     del kept
     gc.collect()

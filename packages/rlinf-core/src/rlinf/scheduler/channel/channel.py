@@ -48,7 +48,7 @@ class ChannelHostWorker(Worker):
         return True
 
     def stats(self) -> dict:
-        """Live bookkeeping: keys with state, and items queued."""
+        """Live bookkeeping: keys with state, items queued, clients connected, replies not yet acknowledged."""
         return self._server.stats()
 
 

@@ -50,6 +50,8 @@ class ChannelClient:
         self._last_heard = time.monotonic()
         #: requests given up by garbage collection (finalizers must not take locks): sent by the heartbeat thread
         self._abandoned: collections.deque = collections.deque()
+        #: replies whose items reached the user, not yet acknowledged: ride on the next request, or the next heartbeat tick
+        self._acks: collections.deque = collections.deque()
         threading.Thread(target=self._read_replies, name=f"rlinf-channel-{channel}-replies", daemon=True).start()
         threading.Thread(target=self._heartbeat, name=f"rlinf-channel-{channel}-heartbeat", daemon=True).start()
 
@@ -93,8 +95,12 @@ class ChannelClient:
         next_beat = time.monotonic()
         dead_after = DEAD_AFTER_BEATS * self._beat
         while self._dead is None:
-            time.sleep(min(0.05, self._beat))
+            time.sleep(min(0.2, self._beat))  # also sends cancels of dropped works (a new request sends them at once)
             self._send_abandoned()
+            if self._acks:
+                acks = self._take_acks()
+                if acks:
+                    self._send_one_way({"id": 0, "op": "ack", "ids": acks})
             now = time.monotonic()
             if now - self._last_heard > dead_after:
                 self.fail(f"the host of channel {self.channel!r} ({self.host}) has not answered for {now - self._last_heard:.1f} s "
@@ -133,6 +139,9 @@ class ChannelClient:
             rid = next(self._ids)
             self._pending[rid] = fut
         ctrl["id"] = rid
+        acks = self._take_acks() if self._acks else None
+        if acks:
+            ctrl["acks"] = acks
         limit = self._send_timeout if send_timeout is None else send_timeout
         try:
             self._link.send([pack(ctrl), *frames], time.monotonic() + limit)
@@ -140,6 +149,8 @@ class ChannelClient:
             with self._lock:
                 self._pending.pop(rid, None)
             if isinstance(exc, TimeoutError) and self._link.is_open():
+                if acks:
+                    self._acks.extendleft(reversed(acks))  # not sent: they ride on the next message
                 raise SendTimeout(f"the transport took no part of the request within {limit:g} s") from None
             reason = f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}"
             self.fail(reason)  # a message broken midway leaves the stream unusable
@@ -163,8 +174,20 @@ class ChannelClient:
             self.fail(f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}")
 
     def ack(self, rid: int) -> None:
-        """The items of reply ``rid`` reached the user: the host may forget them."""
-        self._send_one_way({"id": 0, "op": "ack", "ids": [rid]})
+        """The items of reply ``rid`` reached the user: the host may forget them.
+
+        Sent with the next request, or within one heartbeat tick (0.2 s) if
+        none comes; ``close`` sends them before closing.
+        """
+        self._acks.append(rid)
+
+    def _take_acks(self) -> list:
+        acks = []
+        while True:
+            try:
+                acks.append(self._acks.popleft())
+            except IndexError:
+                return acks
 
     def cancel(self, rid: int) -> None:
         """Give up request ``rid``: the host drops it, or puts back the items it already sent for it."""

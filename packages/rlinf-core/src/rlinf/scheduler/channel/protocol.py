@@ -9,7 +9,8 @@ needs no torch.
 Operations with a reply: ``put``, ``get``, ``get_batch``, ``qsize``, ``full``,
 ``ping`` (answered by a ``pong`` with id 0), ``bye`` (sent before a client
 closes its connection, so that the host has read its last acks).  One-way: ``ack`` (``ids``: the
-client handed those replies' items to its user, the host may forget them)
+client handed those replies' items to its user, the host may forget them;
+acks also ride on any request as ``acks``)
 and ``cancel`` (``target``: the request was given up; a parked request is
 dropped, an item already sent for it goes back to the head of its queue).
 """

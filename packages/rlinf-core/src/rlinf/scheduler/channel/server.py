@@ -221,18 +221,20 @@ class ChannelServer:
     # -- requests ------------------------------------------------------------------
     def _handle(self, conn: _Conn, ctrl: dict, item: list) -> list:
         op, rid = ctrl["op"], ctrl.get("id", 0)
-        if op == "ping":
-            return [(conn, {"id": 0, "op": "pong"}, ())]
-        if op == "bye":  # the client closes once answered: everything it sent before has been handled
-            return [(conn, {"id": rid}, ())]
-        if op == "ack":
+        acks = ctrl.get("ids") if op == "ack" else ctrl.get("acks")
+        if acks:
             with self._lock:
-                done = [conn.inflight.pop(i, None) for i in ctrl["ids"]]
+                done = [conn.inflight.pop(i, None) for i in acks]
             for entry in done:
                 if entry is not None:
                     for frames, _ in entry[1]:
                         self._blocks.give_back(frames)
+        if op == "ack":
             return []
+        if op == "ping":
+            return [(conn, {"id": 0, "op": "pong"}, ())]
+        if op == "bye":  # the client closes once answered: everything it sent before has been handled
+            return [(conn, {"id": rid}, ())]
         key = str(ctrl.get("key", "default_queue"))
         timeout = ctrl.get("timeout")
         deadline = None if timeout is None else time.monotonic() + float(timeout)
