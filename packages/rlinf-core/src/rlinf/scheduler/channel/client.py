@@ -78,7 +78,8 @@ class ChannelClient:
                 # no deadline: the heartbeat thread closes the link when the host falls silent, which ends this wait
                 _raw, frames = self._link.recv(None)
             except Exception as exc:
-                self._fail_all(self._dead or f"the connection to the host of channel {self.channel!r} ({self.host}) was lost: {exc}")
+                # close our end too (its descriptor and mappings), then fail what waits
+                self.fail(self._dead or f"the connection to the host of channel {self.channel!r} ({self.host}) was lost: {exc}")
                 return
             self._last_heard = time.monotonic()
             ctrl = control(frames[0])
