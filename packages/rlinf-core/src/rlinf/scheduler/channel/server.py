@@ -91,7 +91,12 @@ class _BlockPool:
                         self._free.setdefault(len(f), []).append(f)
                         self._bytes += len(f)
                         continue
-                f.close()
+                try:
+                    f.close()
+                except BufferError:
+                    # a send that already copied it out may still hold a view for an instant (the
+                    # client can acknowledge before that send returns): unmapped when the view goes
+                    pass
 
 
 def _own(frames: list, pool: _BlockPool) -> list:
