@@ -274,3 +274,30 @@ def test_concurrent_create_launches_one_host(cluster, launch):
     a, b = run_on(g, 0, create_and_use, 0), run_on(g, 1, create_and_use, 1)
     assert a.wait() == ["put"] and b.wait() == ["from 0"]
     assert [n for n in cluster.session.list_groups() if n == "Channel.raced"] == ["Channel.raced"]
+
+
+def test_stream_of_large_items_between_processes(pair_for_stream):
+    """Producer and consumer processes stream 1 MiB tensors through a backlog larger than the host's block
+    pool, so consumed blocks are released while other sends are under way; every item arrives, in order."""
+    ch = Channel.create("stream")
+    for i in range(100):
+        ch.put(torch.full((MiB // 4,), float(i)), timeout=30)
+
+    def consume(w, ch, n):
+        return [int(ch.get(timeout=60)[0]) for _ in range(n)]
+
+    def produce(w, ch, start, n):
+        for i in range(start, start + n):
+            ch.put(torch.full((MiB // 4,), float(i)), timeout=60)
+        return True
+
+    got = run_on(pair_for_stream, 1, consume, ch, 300)
+    assert run_on(pair_for_stream, 0, produce, ch, 100, 200).wait() == [True]
+    assert got.wait() == [list(range(300))]
+    stats = _hosts["stream"].stats().wait()[0]
+    assert stats["items"] == 0
+
+
+@pytest.fixture
+def pair_for_stream(launch):
+    return launch(Peer, placement=NodePlacementStrategy([0, 0]))
