@@ -409,7 +409,7 @@ def forget_process_channels() -> None:
         _local.clear()
     for client in clients:
         try:
-            client.close()
+            client.close(grace=0.5)  # its host may already be stopping
         except Exception:
             pass
 
