@@ -14,18 +14,23 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+import weakref
 from typing import Any, Optional
 
 from .. import config
 from ..address import validate_group_name
 from ..errors import CommTimeoutError, CommunicationError, GroupNameError, PeerDiedError
 from ..worker import Worker
-from .client import REPLY_GRACE, ChannelClient
+from .keys import key_token, replica_of, show_key
+from .client import REPLY_GRACE, ChannelClient, SendTimeout
+from .protocol import send_timeout as _send_timeout
 
 DEFAULT_KEY = "default_queue"
 _GROUP_PREFIX = "Channel."
 #: seconds connect() waits for a channel that another process is creating
 CONNECT_WAIT = 10.0
+#: seconds a ``*_nowait`` call may spend handing its request to the transport
+NOWAIT_SEND = 1.0
 
 
 class ChannelHostWorker(Worker):
@@ -43,7 +48,7 @@ class ChannelHostWorker(Worker):
         return True
 
     def stats(self) -> dict:
-        """Live bookkeeping: keys with state, and items queued."""
+        """Live bookkeeping: keys with state, items queued, clients connected, replies not yet acknowledged."""
         return self._server.stats()
 
 
@@ -60,13 +65,15 @@ def _check_maxsize(maxsize) -> int:
 
 
 def _check_key(key) -> str:
-    if not isinstance(key, str) or not key:
-        raise TypeError(f"a channel key must be a non-empty str, got {key!r}")
-    return key
+    if key == "":
+        raise TypeError("a channel key must not be the empty string")
+    return key_token(key)
 
 
 _hosts: dict[str, Any] = {}  # channel name -> host group launched by this process (keeps the actor alive)
-_clients: dict[str, ChannelClient] = {}
+_clients: dict[tuple, ChannelClient] = {}  # (channel name, replica) -> this process's connection
+_replica_counts: dict[str, int] = {}
+_local: dict[str, Any] = {}  # channel name -> LocalChannel of this process
 _lock = threading.Lock()
 
 
@@ -80,8 +87,16 @@ class Channel:
 
     # -- creation ---------------------------------------------------------------
     @classmethod
-    def create(cls, name: str, maxsize: int = 0, node_id: int = 0, cluster=None) -> "Channel":
-        """Create the channel on node ``node_id``, or connect to it if it exists."""
+    def create(cls, name: str, maxsize: int = 0, node_id: int = 0, cluster=None, *, distributed: bool = False,
+               local: bool = False):
+        """Create the channel on node ``node_id``, or connect to it if it exists.
+
+        ``local=True``: an in-process channel for this process only (RLinf's
+        local channel; see ``channel.local``).  ``distributed=True``: one host
+        per node of the cluster; each key lives on one of them, chosen by a
+        hash of the key that every process computes alike, so each key stays
+        one FIFO queue while the keys spread over the nodes.
+        """
         from ..cluster import Cluster
         from ..placement import NodePlacementStrategy
 
@@ -89,18 +104,37 @@ class Channel:
         maxsize = _check_maxsize(maxsize)
         if isinstance(node_id, bool) or not isinstance(node_id, int) or node_id < 0:
             raise ValueError(f"node_id must be an int >= 0, got {node_id!r}")
+        if local and distributed:
+            raise ValueError("a channel cannot be both local=True and distributed=True")
+        if local:
+            from .local import LocalChannel
+
+            with _lock:
+                if name not in _local:
+                    _local[name] = LocalChannel(name, maxsize)
+                return _local[name]
         cluster = cluster or Cluster()
-        with _lock:
-            if name in _hosts:
+        deadline = time.monotonic() + config.launch_timeout()
+        while True:
+            with _lock:
+                if name in _hosts:
+                    return cls(name, maxsize)
+                try:
+                    nodes = [n.node_rank for n in cluster.nodes] if distributed else [node_id]
+                    _hosts[name] = ChannelHostWorker.create_group(name, maxsize).launch(
+                        cluster, placement_strategy=NodePlacementStrategy(nodes), name=group
+                    )
+                    return cls(name, maxsize)
+                except GroupNameError:
+                    pass  # another process holds the name: it runs the host, or is launching it
+            # lost the race: connect once the winner's host is registered; if the winner's launch
+            # failed (the name is released again) the next round launches the host here
+            if cluster.session.lookup_group(group) is not None:
                 return cls(name, maxsize)
-            try:
-                host = ChannelHostWorker.create_group(name, maxsize).launch(
-                    cluster, placement_strategy=NodePlacementStrategy([node_id]), name=group
-                )
-            except GroupNameError:
-                return cls.connect(name)
-            _hosts[name] = host
-        return cls(name, maxsize)
+            if time.monotonic() >= deadline:
+                raise CommunicationError(f"channel {name!r} is being created by another process, which did not "
+                                         f"finish within {config.launch_timeout():g} s")
+            time.sleep(0.1)
 
     @classmethod
     def connect(cls, name: str, timeout: float = CONNECT_WAIT) -> "Channel":
@@ -108,6 +142,8 @@ class Channel:
         from ..cluster import current_session
 
         group = _group_name(name)
+        if name in _local:
+            return _local[name]
         session = current_session()
         deadline = time.monotonic() + timeout
         while True:
@@ -129,50 +165,79 @@ class Channel:
         return f"Channel({self._name!r})"
 
     # -- plumbing -----------------------------------------------------------------
-    def _client(self) -> ChannelClient:
-        client = _clients.get(self._name)
+    def _replicas(self) -> int:
+        """How many hosts serve this channel (one per node for ``distributed=True``)."""
+        n = _replica_counts.get(self._name)
+        if n is None:
+            from ..cluster import current_session
+
+            record = current_session().lookup_group(self._group)
+            if record is None:
+                raise CommunicationError(f"channel {self._name!r} no longer exists (its host stopped)")
+            n = _replica_counts[self._name] = len(record.workers)
+        return n
+
+    def _client(self, replica: int = 0) -> ChannelClient:
+        slot = (self._name, replica)
+        client = _clients.get(slot)
         if client is not None and client._dead is None:
             return client
         with _lock:
-            client = _clients.get(self._name)
+            client = _clients.get(slot)
             if client is None or client._dead is not None:
                 from ..cluster import current_session
 
                 record = current_session().lookup_group(self._group)
                 if record is None:
                     raise CommunicationError(f"channel {self._name!r} no longer exists (its host stopped)")
-                host = record.workers[0]
+                host = record.workers[replica]
                 try:
-                    client = ChannelClient.connect(self._name, self._group + ":0", host)
+                    client = ChannelClient.connect(self._name, f"{self._group}:{replica}", host)
                 except OSError as exc:
                     raise PeerDiedError(
                         f"cannot reach the host of channel {self._name!r} ({host.info.describe()}): {exc}; "
                         f"its process may have died",
-                        peer=self._group + ":0",
+                        peer=f"{self._group}:{replica}",
                     ) from None
-                _clients[self._name] = client
+                _clients[slot] = client
             return client
 
-    def _call(self, ctrl: dict, frames=(), async_op: bool = False, timeout: Optional[float] = None, decode=None):
-        client = self._client()
-        rid, fut = client.request(ctrl, frames)
-        what = f"{ctrl['op']} on channel {self._name!r} key {ctrl.get('key', DEFAULT_KEY)!r}"
+    def _call(self, ctrl: dict, frames=(), async_op: bool = False, timeout: Optional[float] = None, decode=None,
+              send_timeout: Optional[float] = None):
+        client = self._client(replica_of(ctrl.get("key", DEFAULT_KEY), self._replicas()))
+        what = f"{ctrl['op']} on channel {self._name!r} key {show_key(ctrl.get('key', DEFAULT_KEY))}"
+        try:
+            rid, fut = client.request(ctrl, frames, send_timeout)
+        except SendTimeout as exc:
+            if ctrl.get("nowait"):
+                raise asyncio.QueueFull(f"{what}: the host is not taking items ({exc})") from None
+            raise CommTimeoutError(f"{what}: {exc}", peer=client.host) from None
 
         def finish(reply):
             ctrl_back, items = reply
-            _raise_for(ctrl_back, what, client.host)
-            return decode(ctrl_back, items) if decode else ctrl_back.get("value")
+            try:
+                _raise_for(ctrl_back, what, client.host)
+                return decode(ctrl_back, items) if decode else ctrl_back.get("value")
+            finally:
+                if "count" in ctrl_back:
+                    client.ack(rid)  # the item is the user's now (even if it fails to decode: never redeliver poison)
 
         if async_op:
             from ..p2p.async_work import AsyncWork
 
+            if ctrl["op"] in ("get", "get_batch"):
+                return _TakeWork(fut, what, finish, client, rid)
             return AsyncWork(fut, what).then(finish)
-        wait = None if timeout is None else timeout + REPLY_GRACE
+        # bounded: a sync operation always carries a timeout, and the host answers (or is declared dead) before this
+        wait = (_send_timeout() if timeout is None else timeout) + REPLY_GRACE
         try:
             reply = fut.result(wait)
         except concurrent.futures.TimeoutError:
             client.cancel(rid)
             raise CommTimeoutError(f"{what} got no reply from its host within {wait:g} s", peer=client.host) from None
+        except BaseException:
+            client.cancel(rid)  # interrupted: the host must not keep an item for a caller that left
+            raise
         return finish(reply)
 
     # -- producer side ------------------------------------------------------------
@@ -183,7 +248,7 @@ class Channel:
         header, buffers = codec.encode(item)
         timeout = None if async_op and timeout is None else config.resolve_timeout(timeout)
         ctrl = {"op": "put", "key": _check_key(key), "weight": float(weight), "timeout": timeout}
-        result = self._call(ctrl, [header, *buffers], async_op, timeout)
+        result = self._call(ctrl, [header, *buffers], async_op, timeout, send_timeout=timeout)
         return result if async_op else None
 
     def put_nowait(self, item: Any, weight: float = 0, key: str = DEFAULT_KEY) -> None:
@@ -191,7 +256,8 @@ class Channel:
         from ..p2p import codec
 
         header, buffers = codec.encode(item)
-        self._call({"op": "put", "key": _check_key(key), "weight": float(weight), "nowait": True}, [header, *buffers])
+        self._call({"op": "put", "key": _check_key(key), "weight": float(weight), "nowait": True}, [header, *buffers],
+                   timeout=NOWAIT_SEND, send_timeout=NOWAIT_SEND)
 
     # -- consumer side --------------------------------------------------------------
     def get(self, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
@@ -201,7 +267,7 @@ class Channel:
 
     def get_nowait(self, key: str = DEFAULT_KEY):
         """Remove and return the oldest item, or raise ``asyncio.QueueEmpty`` at once."""
-        return self._call({"op": "get", "key": _check_key(key), "nowait": True}, (), False, None, _decode_one)
+        return self._call({"op": "get", "key": _check_key(key), "nowait": True}, (), False, NOWAIT_SEND, _decode_one)
 
     def get_batch(self, target_weight: float, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
         """The longest FIFO prefix of ``key``'s queue whose weights sum to at most ``target_weight``.
@@ -223,6 +289,77 @@ class Channel:
 
     def full(self, key: str = DEFAULT_KEY) -> bool:
         return self._call({"op": "full", "key": _check_key(key)}, timeout=config.default_timeout())
+
+
+def _take_work_base():
+    from ..p2p.async_work import AsyncWork
+
+    return AsyncWork
+
+
+class _TakeWork(_take_work_base()):
+    """The AsyncWork of a get: its item leaves the channel only when the user takes the result.
+
+    ``wait``/``await``/``then`` take it (and acknowledge it to the host); if
+    the work is dropped before that, the request is cancelled and the host
+    puts the item back at the head of its queue.
+    """
+
+    def __init__(self, raw: concurrent.futures.Future, what: str, finish, client: ChannelClient, rid: int):
+        taken = [False]
+        out: concurrent.futures.Future = concurrent.futures.Future()
+
+        def arrived(f: concurrent.futures.Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                taken[0] = True  # nothing to put back
+                out.set_exception(exc)
+                return
+            ctrl_back, items = f.result()  # done: this is its done-callback
+            if "count" not in ctrl_back:
+                taken[0] = True
+            # decoded only once the user takes it: finish() also acknowledges the item
+            out.set_result((ctrl_back, items))
+
+        super().__init__(out, what)
+        self._finish, self._taken, self._value = finish, taken, None
+        self._lock = threading.Lock()
+        weakref.finalize(self, _abandon, client, rid, taken)
+        raw.add_done_callback(arrived)
+
+    def _take(self, reply):
+        with self._lock:
+            if self._value is None:
+                self._taken[0] = True
+                self._value = (self._finish(reply),)
+            return self._value[0]
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        # timeout=None waits as long as the user asked; the host answers or is declared dead by heartbeat
+        return self._take(super().wait(timeout))
+
+    async def async_wait(self) -> Any:
+        return self._take(await super().async_wait())
+
+    def then(self, fn):
+        from ..p2p.async_work import AsyncWork
+
+        nxt: concurrent.futures.Future = concurrent.futures.Future()
+
+        def chain(f: concurrent.futures.Future) -> None:
+            try:
+                nxt.set_result(fn(self._take(f.result())))  # done: this is its done-callback
+            except BaseException as exc:
+                nxt.set_exception(exc)
+
+        self._future.add_done_callback(chain)
+        return AsyncWork(nxt, self._describe)
+
+
+def _abandon(client: ChannelClient, rid: int, taken: list) -> None:
+    if not taken[0]:
+        taken[0] = True
+        client.abandon(rid)
 
 
 def _raise_for(ctrl: dict, what: str, host: str) -> None:
@@ -268,9 +405,11 @@ def forget_process_channels() -> None:
         clients = list(_clients.values())
         _clients.clear()
         _hosts.clear()
+        _replica_counts.clear()
+        _local.clear()
     for client in clients:
         try:
-            client.close()
+            client.close(grace=0.5)  # its host may already be stopping
         except Exception:
             pass
 
@@ -278,8 +417,11 @@ def forget_process_channels() -> None:
 def create_channel_from_worker(name, node_id, maxsize, aliases) -> Channel:
     name = aliases.pop("channel_name", name)
     node_id = aliases.pop("node_rank", node_id)
+    local = aliases.pop("local", False)
+    distributed = aliases.pop("distributed", False)
     if aliases:
         raise TypeError(f"create_channel() got unexpected keyword arguments {sorted(aliases)}")
     if name is None:
         raise TypeError("create_channel() needs a channel name")
-    return Channel.create(name, maxsize=maxsize, node_id=0 if node_id is None else node_id)
+    return Channel.create(name, maxsize=maxsize, node_id=0 if node_id is None else node_id,
+                          local=local, distributed=distributed)

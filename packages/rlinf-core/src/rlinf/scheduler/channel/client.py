@@ -4,24 +4,36 @@ Requests carry ids; a reader thread hands each reply to the future of its
 request, so any number of blocking and asynchronous operations, on any keys
 and from any threads, share the connection without ever receiving another
 caller's item.  If the host goes away every pending operation fails at once.
+
+Every send has a deadline.  A heartbeat thread pings the host; a host not
+heard from for several heartbeats is declared dead (the link is closed, so
+every waiting operation raises ``PeerDiedError``).  A client acknowledges an
+item once it hands it to its user, and cancels a request it gives up, so the
+host can put an item that never reached a user back into its queue.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import itertools
 import json
 import os
 import threading
+import time
 import uuid
 from typing import Optional
 
 from ..errors import CommunicationError, PeerDiedError
 from ..p2p.transport import Link
-from .protocol import control, pack
+from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_timeout
 
 #: seconds a client waits beyond an operation's own timeout for the host's reply
 REPLY_GRACE = 10.0
+
+
+class SendTimeout(TimeoutError):
+    """A request could not be handed to the transport in time; nothing of it was sent."""
 
 
 class ChannelClient:
@@ -33,7 +45,15 @@ class ChannelClient:
         self._pending: dict[int, concurrent.futures.Future] = {}
         self._lock = threading.Lock()
         self._dead: Optional[str] = None
+        self._send_timeout = send_timeout()
+        self._beat = heartbeat_interval()
+        self._last_heard = time.monotonic()
+        #: requests given up by garbage collection (finalizers must not take locks): sent by the heartbeat thread
+        self._abandoned: collections.deque = collections.deque()
+        #: replies whose items reached the user, not yet acknowledged: ride on the next request, or the next heartbeat tick
+        self._acks: collections.deque = collections.deque()
         threading.Thread(target=self._read_replies, name=f"rlinf-channel-{channel}-replies", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name=f"rlinf-channel-{channel}-heartbeat", daemon=True).start()
 
     @classmethod
     def connect(cls, channel: str, host_name: str, record) -> "ChannelClient":
@@ -49,30 +69,70 @@ class ChannelClient:
                                      f"(it offers {sorted(record.endpoints)})", peer=host_name)
         transport = _client_transport(entry)
         hello = json.dumps({"service": "channel", "channel": channel, "client": f"{os.getpid()}-{uuid.uuid4().hex[:6]}"})
-        return cls(channel, host_name, transport.connect(endpoint, hello.encode(), None))
+        link = transport.connect(endpoint, hello.encode(), time.monotonic() + send_timeout())
+        return cls(channel, host_name, link)
 
     def _read_replies(self) -> None:
         while True:
             try:
+                # no deadline: the heartbeat thread closes the link when the host falls silent, which ends this wait
                 _raw, frames = self._link.recv(None)
             except Exception as exc:
-                self._fail_all(f"the connection to the host of channel {self.channel!r} ({self.host}) was lost: {exc}")
+                # close our end too (its descriptor and mappings), then fail what waits
+                self.fail(self._dead or f"the connection to the host of channel {self.channel!r} ({self.host}) was lost: {exc}")
                 return
+            self._last_heard = time.monotonic()
             ctrl = control(frames[0])
+            rid = ctrl.get("id", 0)
+            if not rid:
+                continue  # a pong
             with self._lock:
-                fut = self._pending.pop(ctrl["id"], None)
+                fut = self._pending.pop(rid, None)
             if fut is not None and not fut.done():
                 fut.set_result((ctrl, frames[1:]))
+            # else: a reply to a request given up; the cancel sent for it makes the host put its items back
+
+    def _heartbeat(self) -> None:
+        next_beat = time.monotonic()
+        dead_after = DEAD_AFTER_BEATS * self._beat
+        while self._dead is None:
+            time.sleep(min(0.2, self._beat))  # also sends cancels of dropped works (a new request sends them at once)
+            self._send_abandoned()
+            if self._acks:
+                acks = self._take_acks()
+                if acks:
+                    self._send_one_way({"id": 0, "op": "ack", "ids": acks})
+            now = time.monotonic()
+            if now - self._last_heard > dead_after:
+                self.fail(f"the host of channel {self.channel!r} ({self.host}) has not answered for {now - self._last_heard:.1f} s "
+                          f"(heartbeats every {self._beat:g} s); its process may have died or hung")
+                return
+            if now >= next_beat:
+                next_beat = now + self._beat
+                self._send_one_way({"id": 0, "op": "ping"})
+
+    def fail(self, reason: str) -> None:
+        """Declare the connection dead: close it and fail every pending operation."""
+        with self._lock:
+            if self._dead is None:
+                self._dead = reason
+        try:
+            self._link.close()
+        except Exception:
+            pass
+        self._fail_all(reason)
 
     def _fail_all(self, reason: str) -> None:
         with self._lock:
-            self._dead = reason
+            self._dead = self._dead or reason
             pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(PeerDiedError(reason, peer=self.host))
 
-    def request(self, ctrl: dict, frames=()) -> tuple[int, concurrent.futures.Future]:
+    def request(self, ctrl: dict, frames=(), send_timeout: Optional[float] = None) -> tuple[int, concurrent.futures.Future]:
+        """Send a request; raises ``SendTimeout`` if it could not start within ``send_timeout`` s."""
+        self._send_abandoned()  # before this request, so an item put back keeps its place ahead of it
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._dead:
@@ -80,24 +140,75 @@ class ChannelClient:
             rid = next(self._ids)
             self._pending[rid] = fut
         ctrl["id"] = rid
+        acks = self._take_acks() if self._acks else None
+        if acks:
+            ctrl["acks"] = acks
+        limit = self._send_timeout if send_timeout is None else send_timeout
         try:
-            self._link.send([pack(ctrl), *frames], None)
+            self._link.send([pack(ctrl), *frames], time.monotonic() + limit)
         except Exception as exc:
             with self._lock:
                 self._pending.pop(rid, None)
-            raise PeerDiedError(f"cannot reach the host of channel {self.channel!r} ({self.host}): {exc}", peer=self.host) from None
+            if isinstance(exc, TimeoutError) and self._link.is_open():
+                if acks:
+                    self._acks.extendleft(reversed(acks))  # not sent: they ride on the next message
+                raise SendTimeout(f"the transport took no part of the request within {limit:g} s") from None
+            reason = f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}"
+            self.fail(reason)  # a message broken midway leaves the stream unusable
+            raise PeerDiedError(reason, peer=self.host) from None
         return rid, fut
 
+    def _send_abandoned(self) -> None:
+        while self._abandoned:
+            try:
+                rid = self._abandoned.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            self.cancel(rid)
+
+    def _send_one_way(self, ctrl: dict) -> None:
+        if self._dead:
+            return
+        try:
+            self._link.send([pack(ctrl)], time.monotonic() + self._send_timeout)
+        except Exception as exc:
+            self.fail(f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}")
+
+    def ack(self, rid: int) -> None:
+        """The items of reply ``rid`` reached the user: the host may forget them.
+
+        Sent with the next request, or within one heartbeat tick (0.2 s) if
+        none comes; ``close`` sends them before closing.
+        """
+        self._acks.append(rid)
+
+    def _take_acks(self) -> list:
+        acks = []
+        while True:
+            try:
+                acks.append(self._acks.popleft())
+            except IndexError:
+                return acks
+
     def cancel(self, rid: int) -> None:
+        """Give up request ``rid``: the host drops it, or puts back the items it already sent for it."""
         with self._lock:
             self._pending.pop(rid, None)
-        try:
-            self._link.send([pack({"id": 0, "op": "cancel", "target": rid})], None)
-        except Exception:
-            pass
+        self._send_one_way({"id": 0, "op": "cancel", "target": rid})
 
-    def close(self) -> None:
-        self._link.close()
+    def abandon(self, rid: int) -> None:
+        """``cancel`` from a garbage-collection finalizer: queued, sent by the heartbeat thread."""
+        self._abandoned.append(rid)
+
+    def close(self, grace: float = 2.0) -> None:
+        """Say goodbye (so the host has read every ack sent before), then close the connection."""
+        if self._dead is None:
+            try:
+                _, fut = self.request({"op": "bye"}, (), grace)
+                fut.result(grace)  # bounded; a host that does not answer is closed on anyway
+            except Exception:
+                pass
+        self.fail(f"the connection to channel {self.channel!r} was closed")
 
 
 _transports: dict = {}

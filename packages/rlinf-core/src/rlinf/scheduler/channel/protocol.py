@@ -5,11 +5,40 @@ A request is ``[control, *item_frames]`` and a reply likewise, where
 frames are exactly what ``p2p.codec.encode`` produced: the host stores and
 forwards them without decoding, so tensors are never pickled and the host
 needs no torch.
+
+Operations with a reply: ``put``, ``get``, ``get_batch``, ``qsize``, ``full``,
+``ping`` (answered by a ``pong`` with id 0), ``bye`` (sent before a client
+closes its connection, so that the host has read its last acks).  One-way: ``ack`` (``ids``: the
+client handed those replies' items to its user, the host may forget them;
+acks also ride on any request as ``acks``)
+and ``cancel`` (``target``: the request was given up; a parked request is
+dropped, an item already sent for it goes back to the head of its queue).
 """
 
 from __future__ import annotations
 
 import json
+
+from .. import config
+
+#: seconds one send of the host (or of a client's request) may take; a client
+#: that does not read the host's replies for that long is treated as dead
+SEND_TIMEOUT_ENV = "RLINF_CHANNEL_SEND_TIMEOUT"
+DEFAULT_SEND_TIMEOUT = 30.0
+#: seconds between heartbeats of a client; either side declares the other
+#: dead after ``DEAD_AFTER_BEATS`` heartbeats' time without hearing from it
+HEARTBEAT_ENV = "RLINF_CHANNEL_HEARTBEAT"
+DEFAULT_HEARTBEAT = 3.0
+DEAD_AFTER_BEATS = 5
+
+
+def send_timeout() -> float:
+    return config._float_env(SEND_TIMEOUT_ENV, DEFAULT_SEND_TIMEOUT)
+
+
+def heartbeat_interval() -> float:
+    return config._float_env(HEARTBEAT_ENV, DEFAULT_HEARTBEAT)
+
 
 def control(frame) -> dict:
     return json.loads(bytes(frame))

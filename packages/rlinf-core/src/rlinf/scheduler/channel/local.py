@@ -1,0 +1,181 @@
+"""``Channel.create(name, local=True)``: a channel that lives inside one process.
+
+RLinf's local channel: the same operations and rules as a hosted channel
+(keys, weights, ``get_batch``, ``maxsize`` flow control, ``*_nowait``,
+``async_op``, timeouts) on an in-process queue, for threads and coroutines
+of one process.  Items are handed over as they are (no copy, no encoding).
+It cannot be passed to another process: pickling it raises ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .. import config
+from ..errors import CommTimeoutError
+from .keys import key_token, show_key
+from .server import ChannelServer
+
+
+@dataclass
+class _Queue:
+    items: collections.deque = field(default_factory=collections.deque)  # (item, weight)
+    getters: collections.deque = field(default_factory=collections.deque)  # (future, target or None)
+    putters: collections.deque = field(default_factory=collections.deque)  # (future, item, weight)
+
+
+class LocalChannel:
+    """An in-process channel; see the module docstring."""
+
+    def __init__(self, name: str, maxsize: int):
+        self._name = name
+        self._maxsize = maxsize
+        self._queues: dict[str, _Queue] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"Channel({self._name!r}, local=True)"
+
+    def __reduce__(self):
+        raise TypeError(f"channel {self._name!r} is local to the process that created it (local=True) and cannot be "
+                        f"passed to another process; create it without local=True to share it")
+
+    # -- plumbing ---------------------------------------------------------------
+    def _finish(self, fut: concurrent.futures.Future, waiters: collections.deque, entry, async_op: bool,
+                timeout: Optional[float], what: str):
+        """Return the result (sync) or an AsyncWork; a wait that times out withdraws its request first."""
+        from ..p2p.async_work import AsyncWork
+
+        def expire():
+            with self._lock:
+                try:
+                    waiters.remove(entry)
+                except ValueError:
+                    return  # already served
+            fut.set_exception(CommTimeoutError(f"{what}: timed out waiting after {timeout:g} s", peer=self._name))
+
+        if async_op:
+            if timeout is not None and not fut.done():
+                timer = threading.Timer(timeout, expire)
+                timer.daemon = True
+                timer.start()
+                fut.add_done_callback(lambda _f: timer.cancel())
+            return AsyncWork(fut, what)
+        try:
+            return fut.result(timeout)  # bounded: sync operations always carry a timeout
+        except concurrent.futures.TimeoutError:
+            expire()
+            return fut.result(0)  # the timeout's exception, or the item served just before it
+
+    def _progress(self, token: str) -> None:
+        """Serve what the state of a key allows (lock held)."""
+        q = self._queues.get(token)
+        if q is None:
+            return
+        progressed = True
+        while progressed:
+            progressed = False
+            while q.putters and (not self._maxsize or len(q.items) < self._maxsize):
+                fut, item, weight = q.putters.popleft()
+                q.items.append((item, weight))
+                fut.set_result(None)
+                progressed = True
+            for entry in list(q.getters):
+                if not q.items:
+                    break
+                fut, target = entry
+                if target is None:
+                    q.getters.remove(entry)
+                    fut.set_result(q.items.popleft()[0])
+                    progressed = True
+                else:
+                    full = bool(self._maxsize) and len(q.items) >= self._maxsize
+                    batch = ChannelServer._take_batch(q, target, full)
+                    if batch is not None:
+                        q.getters.remove(entry)
+                        fut.set_result([item for item, _ in batch])
+                        progressed = True
+        if not q.items and not q.getters and not q.putters:
+            del self._queues[token]
+
+    # -- operations -------------------------------------------------------------
+    def put(self, item: Any, weight: float = 0, key: Any = "default_queue", async_op: bool = False,
+            timeout: Optional[float] = None):
+        token = key_token(key)
+        timeout = None if async_op and timeout is None else config.resolve_timeout(timeout)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            q = self._queues.setdefault(token, _Queue())
+            if not self._maxsize or len(q.items) < self._maxsize and not q.putters:
+                q.items.append((item, float(weight)))
+                fut.set_result(None)
+                entry = None
+            else:
+                entry = (fut, item, float(weight))
+                q.putters.append(entry)
+            self._progress(token)
+        return self._finish(fut, q.putters, entry, async_op, timeout, f"put on channel {self._name!r} key {show_key(token)}")
+
+    def put_nowait(self, item: Any, weight: float = 0, key: Any = "default_queue") -> None:
+        token = key_token(key)
+        with self._lock:
+            q = self._queues.setdefault(token, _Queue())
+            if self._maxsize and (len(q.items) >= self._maxsize or q.putters):
+                raise asyncio.QueueFull(f"channel {self._name!r} key {show_key(token)} is full ({self._maxsize} items)")
+            q.items.append((item, float(weight)))
+            self._progress(token)
+
+    def get(self, key: Any = "default_queue", async_op: bool = False, timeout: Optional[float] = None):
+        return self._get(key, None, async_op, timeout)
+
+    def get_nowait(self, key: Any = "default_queue"):
+        token = key_token(key)
+        with self._lock:
+            q = self._queues.get(token)
+            if q is None or not q.items:
+                raise asyncio.QueueEmpty(f"channel {self._name!r} key {show_key(token)} is empty")
+            item = q.items.popleft()[0]
+            self._progress(token)
+            return item
+
+    def get_batch(self, target_weight: float, key: Any = "default_queue", async_op: bool = False,
+                  timeout: Optional[float] = None):
+        if isinstance(target_weight, bool) or not isinstance(target_weight, (int, float)) or target_weight <= 0:
+            raise ValueError(f"target_weight must be a positive number, got {target_weight!r}")
+        return self._get(key, float(target_weight), async_op, timeout)
+
+    def _get(self, key, target: Optional[float], async_op: bool, timeout: Optional[float]):
+        token = key_token(key)
+        timeout = None if async_op and timeout is None else config.resolve_timeout(timeout)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        entry = (fut, target)
+        with self._lock:
+            q = self._queues.setdefault(token, _Queue())
+            if target is not None and q.items and q.items[0][1] > target and not q.getters:
+                self._progress(token)
+                raise ValueError(f"the next item on key {show_key(token)} weighs {q.items[0][1]}, more than "
+                                 f"target_weight {target}")
+            q.getters.append(entry)
+            self._progress(token)
+        op = "get" if target is None else "get_batch"
+        return self._finish(fut, q.getters, entry, async_op, timeout, f"{op} on channel {self._name!r} key {show_key(token)}")
+
+    def qsize(self, key: Any = "default_queue") -> int:
+        with self._lock:
+            q = self._queues.get(key_token(key))
+            return len(q.items) if q else 0
+
+    def empty(self, key: Any = "default_queue") -> bool:
+        return self.qsize(key) == 0
+
+    def full(self, key: Any = "default_queue") -> bool:
+        return bool(self._maxsize) and self.qsize(key) >= self._maxsize
