@@ -55,6 +55,7 @@ class WorkerHost:
         self._ctx: Optional[context.WorkerContext] = None
         self._held_port: Optional[socket.socket] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._saved_env: dict = {}  # device variables as they were before construct, restored by release
 
     # -- start-up -----------------------------------------------------------
     def reserve_master_port(self) -> int:
@@ -80,15 +81,17 @@ class WorkerHost:
         """Set the environment, build the worker, and return its registry record."""
         env = dict(spec.env)
         env["MASTER_PORT"] = str(master_port)
-        os.environ.update(env)
         placement = spec.placement
+        self._set_device_env(spec, env)
+        os.environ.update(env)
+        own = placement.device_indices if placement.visible_gpu_ids else []
         info = WorkerInfo(
             address=spec.address,
             rank=placement.rank,
             node_id=placement.node_rank,
-            gpu_id=placement.gpu_id,
+            gpu_id=own[0] if own else None,
             node_ip=node_ip,
-            available_gpus=list(range(len(placement.local_gpu_ids))),
+            available_gpus=own,
             pid=os.getpid(),
             hostname=socket.gethostname(),
         )
@@ -123,6 +126,22 @@ class WorkerHost:
         from .p2p.endpoints import published_endpoints  # imported late: only worker processes listen
 
         return WorkerRecord(info=info, endpoints=published_endpoints())
+
+    def _set_device_env(self, spec: WorkerSpec, env: dict) -> None:
+        """Put this worker's accelerator variables into ``env`` (see ``accelerator``); remember what they replace."""
+        from . import accelerator
+
+        placement = spec.placement
+        self._saved_env.setdefault(accelerator.WORKER_ACCELERATOR_ENV, os.environ.get(accelerator.WORKER_ACCELERATOR_ENV))
+        if not placement.visible_gpu_ids:
+            env.update(accelerator.device_env(accelerator.CPU, (), None))
+            return
+        kind = accelerator.for_node(getattr(spec.node, "accelerator", ""))
+        var = kind.visible_devices_env
+        if var != "CUDA_VISIBLE_DEVICES":
+            env.pop("CUDA_VISIBLE_DEVICES", None)  # a generic default; this kind selects devices otherwise
+        self._saved_env.setdefault(var, os.environ.get(var))
+        env.update(accelerator.device_env(kind, placement.visible_gpu_ids, self._saved_env[var]))
 
     # -- calls ------------------------------------------------------------
     def execute(self, method: str, args: tuple, kwargs: dict):
@@ -187,5 +206,11 @@ class WorkerHost:
         if self._held_port is not None:
             self._held_port.close()
             self._held_port = None
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved_env = {}
         context.set_current(None)
         self._ctx = None
