@@ -1,0 +1,189 @@
+"""``cupy-nccl``: a CuPy NCCL communicator per pair, over the tensors' own memory.
+
+Set-up as for the torch transports (``rendezvous``), except that the NCCL
+unique id is created by the dialer and travels in its offer on the CPU link
+(no store needed).  Transfers run on a stream of the transport's own, made to
+wait for the caller's current torch stream with an event before the transfer
+and made to signal the caller's stream with another event after it, so the
+ordering matches ``torch-nccl`` and the caller's stream is never blocked on
+the host.  Host frames (metadata) stay on the CPU link.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+from rlinf.scheduler.p2p.transport import DeviceLink, Link, Transport
+
+from . import rendezvous
+from .torch_pair import route_ip
+
+_NCCL_TYPES = {}
+
+
+def _nccl_type(dtype):
+    """The NCCL data type for a torch dtype; bytes for anything NCCL has no name for."""
+    from cupy.cuda import nccl
+
+    if not _NCCL_TYPES:
+        import torch
+
+        _NCCL_TYPES.update({
+            torch.float32: nccl.NCCL_FLOAT32, torch.float16: nccl.NCCL_FLOAT16, torch.float64: nccl.NCCL_FLOAT64,
+            torch.int32: nccl.NCCL_INT32, torch.int64: nccl.NCCL_INT64, torch.uint8: nccl.NCCL_UINT8,
+            torch.int8: nccl.NCCL_INT8,
+        })
+        if hasattr(nccl, "NCCL_BFLOAT16"):
+            _NCCL_TYPES[torch.bfloat16] = nccl.NCCL_BFLOAT16
+    kind = _NCCL_TYPES.get(dtype)
+    return (kind, 1) if kind is not None else (nccl.NCCL_UINT8, None)
+
+
+class CupyPairLink(Link, DeviceLink):
+    def __init__(self, cpu_link: Link, comm, peer: int, device: int):
+        import torch
+
+        self._cpu = cpu_link
+        self._comm = comm
+        self._peer = peer
+        self._device = device
+        self._stream = torch.cuda.Stream(device=device)
+        self._broken: Optional[str] = None
+
+    def is_open(self) -> bool:
+        return self._broken is None and self._cpu.is_open()
+
+    # host frames: the CPU link
+    def send(self, frames, deadline, raw=False):
+        self._cpu.send(frames, deadline, raw=raw)
+
+    def recv(self, deadline):
+        return self._cpu.recv(deadline)
+
+    def recv_into(self, targets, deadline):
+        return self._cpu.recv_into(targets, deadline)
+
+    # device tensors
+    def _run(self, tensors: Sequence, deadline: Optional[float], send: bool) -> None:
+        import torch
+
+        if self._broken:
+            raise ConnectionError(f"this pair's NCCL communicator is broken ({self._broken})")
+        caller = torch.cuda.current_stream(self._device)
+        self._stream.wait_stream(caller)  # after the work already queued by the caller
+        try:
+            for t in tensors:
+                if not t.is_contiguous():
+                    raise ValueError("cupy-nccl moves contiguous tensors only")
+                kind, unit = _nccl_type(t.dtype)
+                count = t.numel() if unit else t.numel() * t.element_size()
+                fn = self._comm.send if send else self._comm.recv
+                fn(t.data_ptr(), count, kind, self._peer, self._stream.cuda_stream)
+                t.record_stream(self._stream)  # the allocator keeps the memory until the transfer is done
+        except Exception as exc:
+            self._broken = f"{type(exc).__name__}: {exc}"
+            raise ConnectionError(f"NCCL {'send' if send else 'recv'} failed: {exc}") from None
+        caller.wait_stream(self._stream)  # the caller's later work sees the data
+        if deadline is not None:
+            done = torch.cuda.Event()
+            done.record(self._stream)
+            while not done.query():  # bounded: the host waits at most until the deadline
+                if time.monotonic() > deadline:
+                    self._broken = "timed out"
+                    self._comm.abort()
+                    raise TimeoutError("NCCL transfer did not finish before the deadline")
+                time.sleep(0.0002)
+
+    def send_tensors(self, tensors, deadline):
+        self._run(tensors, deadline, True)
+
+    def recv_tensors_into(self, tensors, deadline):
+        self._run(tensors, deadline, False)
+
+    def close(self):
+        comm, self._comm = self._comm, None
+        self._broken = self._broken or "closed"
+        if comm is not None:
+            try:
+                comm.destroy()
+            except Exception:
+                pass
+        self._cpu.close()
+
+
+class CupyNcclTransport(Transport):
+    name = "cupy-nccl"
+
+    def __init__(self):
+        from rlinf.scheduler.plugins import get_registry
+
+        self._cpu: Transport = get_registry().transport("cpu").descriptor.factory()
+        self._links: list = []
+
+    def _device(self) -> int:
+        import torch
+
+        return torch.cuda.current_device()
+
+    def listen(self, on_accept, local_ip: str) -> dict:
+        from cupy.cuda import nccl
+
+        from .devices import device_identity, same_device_reason
+
+        def accepted(cpu_link, data):
+            try:
+                offer, hello = rendezvous.unpack_offer(data)
+                deadline = time.monotonic() + rendezvous.DEFAULT_SETUP
+                mine = device_identity()
+                reason = same_device_reason(offer["extra"].get("device"), mine)
+                rendezvous.answer(cpu_link, deadline, reason, device=mine)
+                if reason:
+                    cpu_link.close()
+                    return
+                import cupy
+
+                device = self._device()
+                with cupy.cuda.Device(device):
+                    comm = nccl.NcclCommunicator(2, tuple(offer["extra"]["uid"]), 1)
+            except Exception:
+                cpu_link.close()
+                return
+            link = CupyPairLink(cpu_link, comm, 0, device)
+            self._links.append(link)
+            on_accept(link, hello)
+
+        return {"cpu": self._cpu.listen(accepted, local_ip), "backend": "cupy-nccl"}
+
+    def connect(self, endpoint, hello, deadline):
+        import cupy
+        from cupy.cuda import nccl
+
+        from .devices import device_identity
+
+        if deadline is None:
+            deadline = time.monotonic() + rendezvous.DEFAULT_SETUP
+        uid = nccl.get_unique_id()
+        extra = {"uid": list(uid), "device": device_identity()}  # CuPy's unique id: a tuple of ints
+        ip = route_ip(endpoint["cpu"]["tcp"][0])
+        cpu_link = self._cpu.connect(endpoint["cpu"], rendezvous.pack_offer((ip, 0), "-", hello, extra), deadline)
+        try:
+            rendezvous.await_answer(cpu_link, deadline)
+            device = self._device()
+            with cupy.cuda.Device(device):
+                comm = nccl.NcclCommunicator(2, tuple(extra["uid"]), 0)
+        except BaseException:
+            cpu_link.close()
+            raise
+        link = CupyPairLink(cpu_link, comm, 1, device)
+        self._links.append(link)
+        return link
+
+    def probe(self, endpoint):
+        return self._cpu.probe(endpoint["cpu"])
+
+    def close(self):
+        for link in self._links:
+            link.close()
+        self._links = []
+        self._cpu.close()
