@@ -7,6 +7,7 @@ parts run in tests/test_gpu_transports.py and benchmarks/gpu/check.sh.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -36,3 +37,124 @@ def test_nccl_transports_for_cpu_tensors_is_a_clear_error():
     for name in ("torch-nccl", "cupy-nccl"):
         with pytest.raises(PluginError, match=name):
             get_registry().transport(name, "cpu")
+
+
+@dataclasses.dataclass
+class Batch:
+    obs: object
+    meta: dict
+
+
+# -- pair setup, isolation and the device path, with two transports in this process -----------------
+def _dl(seconds=30.0):
+    return time.monotonic() + seconds
+
+
+@pytest.fixture
+def two_ends():
+    """Transports A and B listening here; accepted links land in ``inbox[name]``."""
+    import queue
+
+    from rlinf.scheduler.plugins import get_registry
+
+    factory = get_registry().transport("torch-gloo").descriptor.factory
+    ends, inbox = {}, {}
+    for name in ("a", "b"):
+        inbox[name] = queue.Queue()
+        t = factory()
+        ends[name] = (t, t.listen(lambda link, hello, q=inbox[name]: q.put((link, hello)), "127.0.0.1"))
+    yield ends, inbox
+    for t, _ in ends.values():
+        t.close()
+
+
+def test_both_ends_connect_at_once(two_ends):
+    """Each end dials the other at the same moment: both pairs form, no deadlock."""
+    import threading
+
+    ends, inbox = two_ends
+    out = {}
+
+    def dial(src, dst):
+        out[src] = ends[src][0].connect(ends[dst][1], f"from {src}".encode(), _dl())
+
+    threads = [threading.Thread(target=dial, args=p) for p in (("a", "b"), ("b", "a"))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert set(out) == {"a", "b"}
+    got_b, hello_b = inbox["b"].get(timeout=30)
+    got_a, hello_a = inbox["a"].get(timeout=30)
+    assert (hello_a, hello_b) == (b"from b", b"from a")
+    big = bytes(range(256)) * 4096  # through the process group, not the header link
+    out["a"].send([b"x", big], _dl())
+    out["b"].send([b"y", big], _dl())
+    assert [bytes(f) for f in got_b.recv(_dl())[1]] == [b"x", big]
+    assert [bytes(f) for f in got_a.recv(_dl())[1]] == [b"y", big]
+
+
+def test_failed_pair_leaves_others_working(two_ends):
+    ends, inbox = two_ends
+    ab = ends["a"][0].connect(ends["b"][1], b"1", _dl())
+    ab_far, _ = inbox["b"].get(timeout=30)
+    ab2 = ends["a"][0].connect(ends["b"][1], b"2", _dl())
+    ab2_far, _ = inbox["b"].get(timeout=30)
+    ab_far.close()  # one pair goes away
+    with pytest.raises((ConnectionError, TimeoutError)):
+        ab.send([b"x", bytes(1 << 20)], _dl(5))
+        ab.recv(_dl(5))
+    assert not ab.is_open()
+    ab2.send([b"still", bytes(1 << 20)], _dl())
+    raw, frames = ab2_far.recv(_dl())
+    assert bytes(frames[0]) == b"still" and len(frames[1]) == 1 << 20
+
+
+def test_recv_deadline_is_bounded(two_ends):
+    ends, inbox = two_ends
+    link = ends["a"][0].connect(ends["b"][1], b"", _dl())
+    far, _ = inbox["b"].get(timeout=30)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        far.recv(time.monotonic() + 0.3)
+    assert time.monotonic() - start < 5
+    with pytest.raises(TimeoutError):  # a tensor the peer never sends
+        far.recv_tensors_into([torch.empty(4)], time.monotonic() + 0.5)
+
+
+def test_connect_refused_by_unreachable_store_is_bounded():
+    """An offer pointing at a store nobody serves: the acceptor gives up, the dialer times out."""
+    from rlinf.scheduler.plugins import get_registry
+
+    t = get_registry().transport("torch-gloo").descriptor.factory()
+    try:
+        start = time.monotonic()
+        with pytest.raises((ConnectionError, OSError, TimeoutError)):
+            t.connect({"cpu": {"tcp": ["127.0.0.1", 9], "unix": "rlinf-nobody", "host": "x", "pid": 1}}, b"", _dl(3))
+        assert time.monotonic() - start < 15
+    finally:
+        t.close()
+
+
+def test_objects_with_device_tensors_split_between_paths(two_ends):
+    """The device path (skeleton on the header link, tensors through the group), with CPU tensors
+    standing in for device ones: what torch-nccl does with CUDA tensors."""
+    import pickle
+
+    from rlinf.scheduler.p2p import device_routing as dr
+
+    ends, inbox = two_ends
+    link = ends["a"][0].connect(ends["b"][1], b"", _dl())
+    far, _ = inbox["b"].get(timeout=30)
+    moved = lambda t: t.dtype != torch.int64  # int64 tensors stay "on the host" in this test
+    obj = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": [torch.ones(3, dtype=torch.bfloat16), 7],
+           "c": Batch(torch.full((4,), 2.5), {"host": torch.arange(3)}), "d": (torch.zeros(0),)}
+    skeleton, tensors = dr.split(obj, moved)
+    assert len(tensors) == 4 and isinstance(skeleton["a"], dr.DeviceSlot)
+    assert torch.equal(skeleton["c"].meta["host"], torch.arange(3))  # host tensors keep their place
+    assert dr.needs_device_path(obj, moved) and not dr.needs_device_path({"x": torch.arange(2)}, moved)
+    dr.send_object(lambda s: link.send([pickle.dumps(s)], _dl()), link, obj, _dl(), moved)
+    got = dr.recv_object(lambda: pickle.loads(bytes(far.recv(_dl())[1][0])), far, _dl(), device=torch.device("cpu"))
+    assert torch.equal(got["a"], obj["a"]) and got["b"][1] == 7 and got["b"][0].dtype == torch.bfloat16
+    assert torch.equal(got["c"].obs, obj["c"].obs) and isinstance(got["c"], Batch)
+    assert torch.equal(got["c"].meta["host"], torch.arange(3)) and got["d"][0].shape == (0,)

@@ -74,6 +74,8 @@ class CupyPairLink(Link, DeviceLink):
         self._stream.wait_stream(caller)  # after the work already queued by the caller
         try:
             for t in tensors:
+                if not t.numel():  # both ends know the shapes: empty tensors move nothing
+                    continue
                 if not t.is_contiguous():
                     raise ValueError("cupy-nccl moves contiguous tensors only")
                 kind, unit = _nccl_type(t.dtype)

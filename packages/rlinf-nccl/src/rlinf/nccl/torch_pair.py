@@ -92,8 +92,13 @@ class PairLink(Link, DeviceLink):
             threading.Thread(target=self._read_ahead, name="rlinf-gloo-read-ahead", daemon=True).start()
 
     # -- failure handling ---------------------------------------------------------
-    def _wait(self, work, deadline: Optional[float], what: str) -> None:
+    def _op(self, what: str, tensors: list, deadline: Optional[float]) -> None:
+        """One send or recv on the pair's group, waited for until ``deadline``; failures break the pair."""
         try:
+            pg = self._pg
+            if pg is None:
+                raise RuntimeError("link closed")
+            work = (pg.send if what == "send" else pg.recv)(tensors, self._peer, 0)
             work.wait(_op_timeout(deadline))
         except RuntimeError as exc:
             text = str(exc)
@@ -119,7 +124,7 @@ class PairLink(Link, DeviceLink):
         self._cpu.send([head] + [v for v, b in zip(views, big) if not b], deadline, raw=raw)
         for v, b in zip(views, big):
             if b:
-                self._wait(self._pg.send([_byte_tensor(v)], self._peer, 0), deadline, "send")
+                self._op("send", [_byte_tensor(v)], deadline)
 
     def _head(self, deadline):
         raw, frames = self._cpu.recv(deadline)
@@ -177,7 +182,7 @@ class PairLink(Link, DeviceLink):
         for size, b in zip(head["s"], head["b"]):
             if b:
                 buf = bytearray(size)
-                self._wait(self._pg.recv([_byte_tensor(buf)], self._peer, 0), deadline, "recv")
+                self._op("recv", [_byte_tensor(buf)], deadline)
                 out.append(buf)
             else:
                 out.append(next(inline))
@@ -193,7 +198,7 @@ class PairLink(Link, DeviceLink):
         for size, b in zip(head["s"], head["b"]):
             if b:
                 buf = bytearray(size)
-                self._wait(self._pg.recv([_byte_tensor(buf)], self._peer, 0), deadline, "recv")
+                self._op("recv", [_byte_tensor(buf)], deadline)
                 out.append(buf)
             else:
                 out.append(next(inline))
@@ -215,12 +220,12 @@ class PairLink(Link, DeviceLink):
         if [v.nbytes for v in views] != head["s"]:
             for size, b in zip(head["s"], head["b"]):  # consume the message, then refuse it
                 if b:
-                    self._wait(self._pg.recv([_byte_tensor(bytearray(size))], self._peer, 0), deadline, "recv")
+                    self._op("recv", [_byte_tensor(bytearray(size))], deadline)
             raise ValueError(f"message of frame sizes {head['s']} does not fit targets of sizes {[v.nbytes for v in views]}")
         inline = iter(inline)
         for v, b in zip(views, head["b"]):
             if b:
-                self._wait(self._pg.recv([_byte_tensor(v)], self._peer, 0), deadline, "recv")
+                self._op("recv", [_byte_tensor(v)], deadline)
             elif v.nbytes:
                 v[:] = memoryview(next(inline)).cast("B")
             else:
@@ -231,12 +236,14 @@ class PairLink(Link, DeviceLink):
     def send_tensors(self, tensors: Sequence, deadline: Optional[float]) -> None:
         self._check()
         for t in tensors:
-            self._wait(self._pg.send([t], self._peer, 0), deadline, "send")
+            if t.numel():  # both ends know the shapes: empty tensors move nothing
+                self._op("send", [t], deadline)
 
     def recv_tensors_into(self, tensors: Sequence, deadline: Optional[float]) -> None:
         self._check()
         for t in tensors:
-            self._wait(self._pg.recv([t], self._peer, 0), deadline, "recv")
+            if t.numel():  # both ends know the shapes: empty tensors move nothing
+                self._op("recv", [t], deadline)
 
     def close(self) -> None:
         pg, self._pg = self._pg, None
