@@ -153,8 +153,13 @@ def test_objects_with_device_tensors_split_between_paths(two_ends):
     assert len(tensors) == 4 and isinstance(skeleton["a"], dr.DeviceSlot)
     assert torch.equal(skeleton["c"].meta["host"], torch.arange(3))  # host tensors keep their place
     assert dr.needs_device_path(obj, moved) and not dr.needs_device_path({"x": torch.arange(2)}, moved)
-    dr.send_object(lambda s: link.send([pickle.dumps(s)], _dl()), link, obj, _dl(), moved)
+    import threading
+
+    sender = threading.Thread(target=dr.send_object,  # gloo's send waits for the matching recv
+                              args=(lambda s: link.send([pickle.dumps(s)], _dl()), link, obj, _dl(), moved))
+    sender.start()
     got = dr.recv_object(lambda: pickle.loads(bytes(far.recv(_dl())[1][0])), far, _dl(), device=torch.device("cpu"))
+    sender.join(30)
     assert torch.equal(got["a"], obj["a"]) and got["b"][1] == 7 and got["b"][0].dtype == torch.bfloat16
     assert torch.equal(got["c"].obs, obj["c"].obs) and isinstance(got["c"], Batch)
     assert torch.equal(got["c"].meta["host"], torch.arange(3)) and got["d"][0].shape == (0,)

@@ -36,6 +36,8 @@ log = logging.getLogger("rlinf.nccl")
 
 #: frames up to this size ride on the CPU link with the header
 INLINE_MAX = 64 << 10
+#: tag of send_tensors payloads: apart from host frames, which gloo's read-ahead thread receives
+_DEVICE_TAG = 1
 #: bytes of received messages a gloo link holds ahead of the caller
 READ_AHEAD = 64 << 20
 #: seconds per slice of the read-ahead thread's wait for the next header (it checks for close between)
@@ -92,13 +94,13 @@ class PairLink(Link, DeviceLink):
             threading.Thread(target=self._read_ahead, name="rlinf-gloo-read-ahead", daemon=True).start()
 
     # -- failure handling ---------------------------------------------------------
-    def _op(self, what: str, tensors: list, deadline: Optional[float]) -> None:
+    def _op(self, what: str, tensors: list, deadline: Optional[float], tag: int = 0) -> None:
         """One send or recv on the pair's group, waited for until ``deadline``; failures break the pair."""
         try:
             pg = self._pg
             if pg is None:
                 raise RuntimeError("link closed")
-            work = (pg.send if what == "send" else pg.recv)(tensors, self._peer, 0)
+            work = (pg.send if what == "send" else pg.recv)(tensors, self._peer, tag)
             work.wait(_op_timeout(deadline))
         except RuntimeError as exc:
             text = str(exc)
@@ -237,13 +239,13 @@ class PairLink(Link, DeviceLink):
         self._check()
         for t in tensors:
             if t.numel():  # both ends know the shapes: empty tensors move nothing
-                self._op("send", [t], deadline)
+                self._op("send", [t], deadline, _DEVICE_TAG)
 
     def recv_tensors_into(self, tensors: Sequence, deadline: Optional[float]) -> None:
         self._check()
         for t in tensors:
             if t.numel():  # both ends know the shapes: empty tensors move nothing
-                self._op("recv", [t], deadline)
+                self._op("recv", [t], deadline, _DEVICE_TAG)
 
     def close(self) -> None:
         pg, self._pg = self._pg, None
