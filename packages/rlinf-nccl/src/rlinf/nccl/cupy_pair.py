@@ -122,22 +122,27 @@ class CupyNcclTransport(Transport):
 
         self._cpu: Transport = get_registry().transport("cpu").descriptor.factory()
         self._links: list = []
+        self._index: Optional[int] = None
 
     def _device(self) -> int:
-        import torch
+        if self._index is None:  # fixed at first use; CUDA's current device is per thread
+            from .devices import default_index
 
-        return torch.cuda.current_device()
+            self._index = default_index()
+        return self._index
 
     def listen(self, on_accept, local_ip: str) -> dict:
         from cupy.cuda import nccl
 
         from .devices import device_identity, same_device_reason
 
+        self._device()
+
         def accepted(cpu_link, data):
             try:
                 offer, hello = rendezvous.unpack_offer(data)
                 deadline = time.monotonic() + rendezvous.DEFAULT_SETUP
-                mine = device_identity()
+                mine = device_identity(self._device())
                 reason = same_device_reason(offer["extra"].get("device"), mine)
                 rendezvous.answer(cpu_link, deadline, reason, device=mine)
                 if reason:
@@ -166,7 +171,7 @@ class CupyNcclTransport(Transport):
         if deadline is None:
             deadline = time.monotonic() + rendezvous.DEFAULT_SETUP
         uid = nccl.get_unique_id()
-        extra = {"uid": list(uid), "device": device_identity()}  # CuPy's unique id: a tuple of ints
+        extra = {"uid": list(uid), "device": device_identity(self._device())}  # CuPy's unique id: a tuple of ints
         ip = route_ip(endpoint["cpu"]["tcp"][0])
         cpu_link = self._cpu.connect(endpoint["cpu"], rendezvous.pack_offer((ip, 0), "-", hello, extra), deadline)
         try:

@@ -383,10 +383,25 @@ class NcclTransport(TorchPairTransport):
     backend = "nccl"
     host_via_group = False
 
+    def __init__(self):
+        super().__init__()
+        self._index: Optional[int] = None
+
+    def _device_index(self) -> int:
+        if self._index is None:  # fixed at first use: every pair of this transport uses one device
+            from .devices import default_index
+
+            self._index = default_index()
+        return self._index
+
+    def listen(self, on_accept, local_ip: str) -> dict:
+        self._device_index()
+        return super().listen(on_accept, local_ip)
+
     def local_info(self) -> dict:
         from .devices import device_identity
 
-        return {"device": device_identity()}
+        return {"device": device_identity(self._device_index())}
 
     def refuse(self, offer_extra, mine):
         from .devices import same_device_reason
@@ -399,9 +414,10 @@ class NcclTransport(TorchPairTransport):
 
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = _op_timeout(None)  # NCCL's watchdog aborts work older than this
-        pg = dist.ProcessGroupNCCL(store, rank, 2, opts)
-        device = torch.device("cuda", torch.cuda.current_device())
-        connect = getattr(pg, "eager_connect_single_device", None)
-        if connect is not None:  # set the communicator up now, while the store's deadline holds
-            connect(device)
+        device = torch.device("cuda", self._device_index())
+        with torch.cuda.device(device):  # this may run on a transport thread: name the device
+            pg = dist.ProcessGroupNCCL(store, rank, 2, opts)
+            connect = getattr(pg, "eager_connect_single_device", None)
+            if connect is not None:  # set the communicator up now, while the store's deadline holds
+                connect(device)
         return pg
