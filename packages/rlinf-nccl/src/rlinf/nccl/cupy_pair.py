@@ -11,6 +11,7 @@ the host.  Host frames (metadata) stay on the CPU link.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Optional, Sequence
 
@@ -18,6 +19,8 @@ from rlinf.scheduler.p2p.transport import DeviceLink, Link, Transport
 
 from . import rendezvous
 from .torch_pair import route_ip
+
+log = logging.getLogger("rlinf.nccl")
 
 _NCCL_TYPES = {}
 
@@ -38,6 +41,36 @@ def _nccl_type(dtype):
             _NCCL_TYPES[torch.bfloat16] = nccl.NCCL_BFLOAT16
     kind = _NCCL_TYPES.get(dtype)
     return (kind, 1) if kind is not None else (nccl.NCCL_UINT8, None)
+
+
+def _bounded_init(uid: tuple, rank: int, device: int, deadline: float):
+    """``NcclCommunicator(2, uid, rank)`` with a deadline (CuPy's own call waits for the peer without one).
+
+    Past the deadline the setup thread is left behind (NCCL offers no way to
+    cancel an init in progress) and TimeoutError is raised.
+    """
+    import threading
+
+    import cupy
+    from cupy.cuda import nccl
+
+    box: dict = {}
+
+    def run():
+        try:
+            with cupy.cuda.Device(device):
+                box["comm"] = nccl.NcclCommunicator(2, uid, rank)
+        except BaseException as exc:
+            box["error"] = exc
+
+    th = threading.Thread(target=run, name="rlinf-cupy-nccl-init", daemon=True)
+    th.start()
+    th.join(max(0.0, deadline - time.monotonic()))
+    if th.is_alive():
+        raise TimeoutError("NCCL communicator setup with the peer did not finish before the deadline")
+    if "error" in box:
+        raise ConnectionError(f"NCCL communicator setup failed: {box['error']}")
+    return box["comm"]
 
 
 class CupyPairLink(Link, DeviceLink):
@@ -132,8 +165,6 @@ class CupyNcclTransport(Transport):
         return self._index
 
     def listen(self, on_accept, local_ip: str) -> dict:
-        from cupy.cuda import nccl
-
         from .devices import device_identity, same_device_reason
 
         self._device()
@@ -148,12 +179,10 @@ class CupyNcclTransport(Transport):
                 if reason:
                     cpu_link.close()
                     return
-                import cupy
-
                 device = self._device()
-                with cupy.cuda.Device(device):
-                    comm = nccl.NcclCommunicator(2, tuple(offer["extra"]["uid"]), 1)
-            except Exception:
+                comm = _bounded_init(tuple(offer["extra"]["uid"]), 1, device, deadline)
+            except Exception as exc:
+                log.warning("cupy-nccl: pair setup with a connecting peer failed: %s: %s", type(exc).__name__, exc)
                 cpu_link.close()
                 return
             link = CupyPairLink(cpu_link, comm, 0, device)
@@ -163,7 +192,6 @@ class CupyNcclTransport(Transport):
         return {"cpu": self._cpu.listen(accepted, local_ip), "backend": "cupy-nccl"}
 
     def connect(self, endpoint, hello, deadline):
-        import cupy
         from cupy.cuda import nccl
 
         from .devices import device_identity
@@ -177,8 +205,7 @@ class CupyNcclTransport(Transport):
         try:
             rendezvous.await_answer(cpu_link, deadline)
             device = self._device()
-            with cupy.cuda.Device(device):
-                comm = nccl.NcclCommunicator(2, tuple(extra["uid"]), 0)
+            comm = _bounded_init(tuple(extra["uid"]), 0, device, deadline)
         except BaseException:
             cpu_link.close()
             raise
