@@ -163,3 +163,54 @@ def test_objects_with_device_tensors_split_between_paths(two_ends):
     assert torch.equal(got["a"], obj["a"]) and got["b"][1] == 7 and got["b"][0].dtype == torch.bfloat16
     assert torch.equal(got["c"].obs, obj["c"].obs) and isinstance(got["c"], Batch)
     assert torch.equal(got["c"].meta["host"], torch.arange(3)) and got["d"][0].shape == (0,)
+
+
+def test_device_router_both_directions_over_a_cpu_path():
+    """Two routers (one per simulated process) over a real cpu-transport link pair: the receiver dials
+    the sender's device listener, links are reused, both directions run at once."""
+    import pickle
+    import queue
+    import threading
+
+    from rlinf.scheduler.p2p.device_routing import DeviceEnvelope, DeviceRouter
+    from rlinf.scheduler.plugins import get_registry
+
+    moved = lambda t: t.dtype == torch.float32  # float32 tensors take the device path here
+    cpu = get_registry().transport("cpu").descriptor.factory
+    ta, tb = cpu(), cpu()
+    inbox = {"a": queue.Queue(), "b": queue.Queue()}
+    ea = ta.listen(lambda l, h: inbox["a"].put(l), "127.0.0.1")
+    eb = tb.listen(lambda l, h: inbox["b"].put(l), "127.0.0.1")
+    a_to_b = ta.connect(eb, b"a", _dl())
+    b_to_a = tb.connect(ea, b"b", _dl())
+    b_from_a, a_from_b = inbox["b"].get(timeout=30), inbox["a"].get(timeout=30)
+    ra, rb = DeviceRouter("torch-gloo", "cpu"), DeviceRouter("torch-gloo", "cpu")
+    try:
+        def send(router, link, obj, me, peer):
+            router.send(lambda env: link.send([pickle.dumps(env)], _dl()), obj, me, peer, _dl(), is_device=moved)
+
+        def recv(router, link, me):
+            got = pickle.loads(bytes(link.recv(_dl())[1][0]))
+            assert isinstance(got, DeviceEnvelope) and got.src != me
+            return router.unwrap(got, me, _dl(), device=torch.device("cpu"))
+
+        results = {}
+        for round_ in range(3):  # links set up once, then reused
+            objs = {"a": {"x": torch.full((1000,), float(round_)), "ids": torch.arange(3)},
+                    "b": [torch.ones(5) * round_, "text"]}
+            threads = [threading.Thread(target=send, args=(ra, a_to_b, objs["a"], "a", "b")),
+                       threading.Thread(target=send, args=(rb, b_to_a, objs["b"], "b", "a"))]
+            for th in threads:
+                th.start()
+            results["b"] = recv(rb, b_from_a, "b")
+            results["a"] = recv(ra, a_from_b, "a")
+            for th in threads:
+                th.join(30)
+            assert torch.equal(results["b"]["x"], objs["a"]["x"]) and torch.equal(results["b"]["ids"], torch.arange(3))
+            assert torch.equal(results["a"][0], objs["b"][0]) and results["a"][1] == "text"
+        assert len(ra._in) == len(ra._out) == len(rb._in) == len(rb._out) == 1
+    finally:
+        ra.close()
+        rb.close()
+        ta.close()
+        tb.close()

@@ -12,9 +12,12 @@ current device (``materialize``) and fills them with ``recv_tensors_into``.
 Objects of other classes holding device tensors are left whole: they go
 through the CPU path as the codec handles them today (host copy).
 
-The communicator routes through here with one call per direction (see
-``send_object`` / ``recv_object`` below); this module only needs the two
-CPU-path callables and the pair's device link.
+``DeviceRouter`` does this through any CPU path: the sender's envelope
+carries its device-transport endpoint, the receiver dials it once per
+direction and keeps the link.  A communicator routes with one call on each
+side: ``router.send(send_meta, obj, me, peer, deadline)`` instead of sending
+``obj`` when ``needs_device_path(obj)``, and ``router.unwrap(received, me,
+deadline)`` on whatever it received.
 """
 
 from __future__ import annotations
@@ -132,4 +135,117 @@ def needs_device_path(obj: Any, is_device: Callable = on_device) -> bool:
     return False
 
 
-__all__ = ["DeviceSlot", "split", "materialize", "send_object", "recv_object", "needs_device_path"]
+
+
+# -- routing through a communicator --------------------------------------------------------------
+@dataclasses.dataclass
+class DeviceEnvelope:
+    """What goes on the CPU path for an object with device tensors.
+
+    ``endpoint`` is the sender's device-transport listener: the receiver dials
+    it for the pair's device link (the receiver always dials, so two workers
+    sending to each other at once set up one link per direction, never
+    waiting on each other).  ``fresh`` asks the receiver to dial again (the
+    sender has no open link from it).
+    """
+
+    skeleton: Any
+    transport: str
+    endpoint: dict
+    src: str
+    fresh: bool
+
+
+class DeviceRouter:
+    """One process's device transport and its device links, per peer and direction."""
+
+    def __init__(self, transport: Optional[str] = None, device: str = "cuda"):
+        import threading
+
+        from ..plugins import get_registry
+
+        entry = get_registry().transport(transport, device)
+        self.name = entry.name
+        self.transport = entry.descriptor.factory()
+        self.endpoint: Optional[dict] = None
+        self._out: dict = {}  # peer name -> link the peer dialed: we send to it on this one
+        self._in: dict = {}  # peer name -> link we dialed: we receive from it on this one
+        self._cond = threading.Condition()
+
+    def listen(self, local_ip: str) -> dict:
+        with self._cond:
+            if self.endpoint is None:
+                self.endpoint = self.transport.listen(self._accepted, local_ip)
+            return self.endpoint
+
+    def _accepted(self, link, hello: bytes) -> None:
+        import json
+
+        try:
+            src = json.loads(hello)["src"]
+        except Exception:
+            link.close()
+            return
+        with self._cond:
+            old = self._out.get(src)
+            self._out[src] = link
+            self._cond.notify_all()
+        if old is not None and old is not link:
+            old.close()
+
+    def _send_link(self, peer: str, deadline: Optional[float]):
+        import time
+
+        with self._cond:  # bounded by the deadline; the peer dials when it receives the envelope
+            while True:
+                link = self._out.get(peer)
+                if link is not None and link.is_open():
+                    return link
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"{peer!r} did not open a device link ({self.name}) before the deadline")
+                self._cond.wait(1.0 if left is None else min(left, 1.0))
+
+    def send(self, send_meta: Callable[[Any], None], obj: Any, me: str, peer: str, deadline: Optional[float],
+             local_ip: str = "127.0.0.1", is_device: Callable = on_device) -> None:
+        """Send ``obj`` to ``peer``: the envelope through ``send_meta`` (CPU path), device tensors on the device link."""
+        skeleton, tensors = split(obj, is_device)
+        endpoint = self.listen(local_ip)
+        with self._cond:
+            link = self._out.get(peer)
+            fresh = link is None or not link.is_open()
+        send_meta(DeviceEnvelope(skeleton, self.name, endpoint, me, fresh))
+        if tensors:
+            self._send_link(peer, deadline).send_tensors(
+                [t if t.is_contiguous() else t.contiguous() for t in tensors], deadline)
+
+    def unwrap(self, received: Any, me: str, deadline: Optional[float], device=None) -> Any:
+        """What the CPU path delivered, with its device tensors received (anything else as it is)."""
+        import json
+
+        if not isinstance(received, DeviceEnvelope):
+            return received
+        obj, targets = materialize(received.skeleton, device)
+        with self._cond:
+            link = self._in.get(received.src)
+        if link is None or received.fresh or not link.is_open():
+            link = self.transport.connect(received.endpoint, json.dumps({"src": me}).encode(), deadline)
+            with self._cond:
+                old, self._in[received.src] = self._in.get(received.src), link
+            if old is not None:
+                old.close()
+        if targets:
+            link.recv_tensors_into(targets, deadline)
+        return obj
+
+    def close(self) -> None:
+        with self._cond:
+            links = list(self._out.values()) + list(self._in.values())
+            self._out.clear()
+            self._in.clear()
+        for link in links:
+            link.close()
+        self.transport.close()
+
+__all__ = ["DeviceEnvelope", "DeviceRouter", "DeviceSlot", "materialize", "needs_device_path", "recv_object",
+           "send_object", "split"]
