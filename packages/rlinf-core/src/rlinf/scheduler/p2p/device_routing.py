@@ -23,6 +23,7 @@ deadline)`` on whatever it received.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Callable, Optional
 
 
@@ -160,8 +161,6 @@ class DeviceRouter:
     """One process's device transport and its device links, per peer and direction."""
 
     def __init__(self, transport: Optional[str] = None, device: str = "cuda"):
-        import threading
-
         from ..plugins import get_registry
 
         entry = get_registry().transport(transport, device)
@@ -247,5 +246,27 @@ class DeviceRouter:
             link.close()
         self.transport.close()
 
-__all__ = ["DeviceEnvelope", "DeviceRouter", "DeviceSlot", "materialize", "needs_device_path", "recv_object",
-           "send_object", "split"]
+_routers: dict = {}
+_routers_lock = threading.Lock()
+
+
+def router(device: str = "cuda", transport: Optional[str] = None) -> DeviceRouter:
+    """The process-wide router for ``device`` (default transport: the usable one with the highest priority)."""
+    with _routers_lock:
+        key = (device, transport)
+        r = _routers.get(key)
+        if r is None:
+            r = _routers[key] = DeviceRouter(transport, device)
+        return r
+
+
+def close_routers() -> None:
+    """Close every router of this process (with the communicator, when a worker is released)."""
+    with _routers_lock:
+        routers = list(_routers.values())
+        _routers.clear()
+    for r in routers:
+        r.close()
+
+__all__ = ["DeviceEnvelope", "DeviceRouter", "DeviceSlot", "close_routers", "materialize", "needs_device_path",
+           "recv_object", "router", "send_object", "split"]
