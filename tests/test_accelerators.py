@@ -118,3 +118,27 @@ def test_ray_cluster_advertising_gpus():
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert "GPU PLACEMENT OK" in out.stdout, out.stdout[-3000:] + out.stderr[-5000:]
+
+
+def test_third_party_accelerator_plugin(tmp_path):
+    """An accelerator kind from a module of its own: listed, found by its Ray resource, its variable used."""
+    (tmp_path / "my_xpu_plugin.py").write_text(
+        "from rlinf.scheduler.plugins import AcceleratorPlugin, hookimpl\n"
+        "@hookimpl\n"
+        "def rlinf_register_accelerators():\n"
+        "    return [AcceleratorPlugin(name='xpu', ray_resource='XPU', visible_devices_env='XPU_VISIBLE',\n"
+        "                              torch_device_type='xpu', collective_backend='xccl', device_count=lambda: 0)]\n"
+    )
+    code = (
+        "from rlinf.scheduler import accelerator as a\n"
+        "k = a.for_resources({'XPU': 2, 'CPU': 4})\n"
+        "env = a.device_env(k, (1, 0), None)\n"
+        "print(k.name, k.torch_device_type, k.collective_backend, env['XPU_VISIBLE'])\n"
+    )
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               RLINF_PLUGINS="xpu=my_xpu_plugin")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.stdout.split() == ["xpu", "xpu", "xccl", "1,0"], out.stdout + out.stderr
+    listed = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "plugins"], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert any(line.startswith("xpu ") and "env=XPU_VISIBLE" in line for line in listed.stdout.splitlines()), listed.stdout
