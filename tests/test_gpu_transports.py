@@ -20,14 +20,17 @@ class TestTorchGlooDeviceLink(DeviceTransportConformance):
     big_message = 16 << 20
 
 
+@pytest.mark.gpu
 class TestTorchNccl(DeviceTransportConformance):
     transport_name = "torch-nccl"
 
 
+@pytest.mark.gpu
 class TestCupyNccl(DeviceTransportConformance):
     transport_name = "cupy-nccl"
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["torch-nccl", "cupy-nccl"])
 def test_two_ends_on_one_gpu_get_a_clear_error(name):
     import torch
