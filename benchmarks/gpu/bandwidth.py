@@ -205,7 +205,7 @@ def main() -> int:
     for p in procs:
         p.start()
     for p in procs:
-        p.join(420)
+        p.join(180)
         if p.is_alive():
             p.kill()
             print(f"FAIL bandwidth rank {procs.index(p)} did not finish in time")

@@ -6,6 +6,7 @@
 # GPUs) and exits 0 on a machine without a GPU.  Exits non-zero when a part that ran failed.
 #
 #   benchmarks/gpu/check.sh            # PYTHON=/path/to/python to choose the interpreter
+# Worst case under 8 minutes: each part runs under its own timeout (150 + 200 + 120 s).
 set -u
 cd "$(dirname "$0")/../.."
 PY="${PYTHON:-python}"
@@ -34,19 +35,19 @@ echo "== $ngpu GPU(s) visible"
 
 echo "== device-transport conformance"
 if "$PY" -c 'import pytest' 2>/dev/null; then
-  timeout 200 "$PY" -m pytest tests/test_gpu_transports.py -q -rs -p no:cacheprovider -o addopts="" || status=1
+  timeout 150 "$PY" -m pytest tests/test_gpu_transports.py -q -rs -p no:cacheprovider -o addopts="" || status=1
   [ "$ngpu" -lt 2 ] && echo "SKIP cross-GPU conformance (torch-nccl, cupy-nccl): needs 2 GPUs, $ngpu visible"
 else
   echo "SKIP gpu conformance tests: pytest is not installed for $PY"
 fi
 
 echo "== send_tensor bandwidth"
-timeout 300 "$PY" benchmarks/gpu/bandwidth.py || status=1
+timeout 200 "$PY" benchmarks/gpu/bandwidth.py || status=1
 
 echo "== seed GPU examples (MPI launcher)"
 if command -v mpiexec >/dev/null 2>&1 && "$PY" -c 'import mpi4py' 2>/dev/null; then
   n=$(( ngpu < 4 ? ngpu : 4 ))
-  timeout 180 mpiexec -n $(( 1 + 2 * n )) "$PY" -m rlinf.mpi benchmarks/gpu/seed_examples.py "$n" || status=1
+  timeout 120 mpiexec -n $(( 1 + 2 * n )) "$PY" -m rlinf.mpi benchmarks/gpu/seed_examples.py "$n" || status=1
   [ "$ngpu" -lt 2 ] && echo "SKIP seed examples across GPUs: needs 2 GPUs, $ngpu visible (ran the single-GPU parts)"
 else
   echo "SKIP seed GPU examples: mpiexec or mpi4py is not available"
