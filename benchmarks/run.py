@@ -6,7 +6,7 @@ import importlib
 import os
 import sys
 
-BENCHMARKS = {"group": "group", "p2p": "p2p", "channel": "channel", "mpi": "mpi"}
+BENCHMARKS = {"group": "group", "p2p": "p2p", "channel": "channel", "mpi": "mpi", "gloo": "gloo"}
 
 
 def main() -> int:

@@ -1,4 +1,5 @@
-"""``python -m rlinf.scheduler plugins``: list discovered plugins and whether each is usable."""
+"""``python -m rlinf.scheduler plugins``: list discovered plugins (launchers, transports,
+accelerators) and whether each is usable."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def _plugins() -> int:
     rows = [("NAME", "KIND", "DISTRIBUTION", "VERSION", "PRIORITY", "USABLE", "REASON")]
     for p in sorted(registry.all_provided(), key=lambda p: (p.kind, -p.descriptor.priority, p.name)):
         reason = p.unusable_reason()
-        extra = f" devices={','.join(p.descriptor.devices)}" if p.kind == "transport" else ""
+        extra = _details(p)
         rows.append((p.name, p.kind + extra, p.source.distribution, p.source.version, str(p.descriptor.priority),
                      "no" if reason else "yes", reason or ""))
     for s in registry.failures():
@@ -29,10 +30,24 @@ def _plugins() -> int:
     return 0
 
 
+def _details(p) -> str:
+    d = p.descriptor
+    if p.kind == "transport":
+        return f" devices={','.join(d.devices)}"
+    if p.kind == "accelerator":
+        try:
+            here = int(d.device_count())
+        except Exception as exc:
+            here = f"? ({type(exc).__name__})"
+        return (f" ray={d.ray_resource} env={d.visible_devices_env} torch={d.torch_device_type} "
+                f"backend={d.collective_backend} here={here}")
+    return ""
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlinf.scheduler")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("plugins", help="list launcher and transport plugins and whether each is usable here")
+    sub.add_parser("plugins", help="list launcher, transport and accelerator plugins and whether each is usable here")
     args = parser.parse_args(argv)
     if args.command == "plugins":
         return _plugins()

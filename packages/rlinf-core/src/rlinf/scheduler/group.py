@@ -189,9 +189,10 @@ class WorkerGroup:
         """Start one worker per placement; every keyword RLinf's ``launch`` takes is honoured.
 
         ``max_concurrency``: most calls one worker runs at once (async workers:
-        default 1000, as Ray's async actors; others: 1).  ``isolate_gpu=False``
-        lets each worker see all accelerators of its node instead of only its
-        own.  ``catch_system_failure`` (default: env ``RLINF_CATCH_FAILURE``, else
+        default 1000, as Ray's async actors; others: 1).  ``isolate_gpu`` (default
+        True): each worker sees its group's accelerators on its node, its own at
+        index ``LOCAL_RANK`` (see ``accelerator``); False: all accelerators of
+        its node, in the node's numbering (``gpu_id`` is then the node-local id).  ``catch_system_failure`` (default: env ``RLINF_CATCH_FAILURE``, else
         True): a ``SystemExit`` raised in a call is reported as that call's error;
         with False it ends the worker process (reported as a dead worker).
         """
@@ -263,12 +264,8 @@ class WorkerGroup:
             }
             if catch_system_failure is not None:
                 env["RLINF_CATCH_FAILURE"] = "1" if catch_system_failure else "0"
-            if p.local_gpu_ids:
-                if isolate_gpu:
-                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, p.local_gpu_ids))
-                else:  # the whole node's devices; LOCAL_RANK still counts workers on the node
-                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(nodes[p.node_rank].num_gpus)))
-                    env["RLINF_ISOLATE_GPU"] = "0"
+            if p.local_gpu_ids and not isolate_gpu:  # the host then shows the whole node's devices
+                env["RLINF_ISOLATE_GPU"] = "0"
             specs.append(
                 WorkerSpec(key, base.get_child_address(p.rank), len(placements), p, nodes[p.node_rank], env,
                            self._cls.__name__, tuple(sorted(self._methods)), coroutines, max_concurrency)

@@ -40,6 +40,11 @@ def reserve_port(host: str = "") -> tuple[socket.socket, int]:
     return sock, sock.getsockname()[1]
 
 
+def _isolated(env: dict) -> bool:
+    """``launch(isolate_gpu=True)`` (the default): a worker sees its group's devices on its node, not the whole node's."""
+    return env.get("RLINF_ISOLATE_GPU") != "0"
+
+
 def _picklable(exc: BaseException) -> Optional[BaseException]:
     try:
         pickle.loads(pickle.dumps(exc))
@@ -81,6 +86,7 @@ class WorkerHost:
         self._limit: Optional[asyncio.Semaphore] = None
         self._max_concurrency: Optional[int] = None
         self.is_async = False
+        self._saved_env: dict = {}  # device variables as they were before construct, restored by release
 
     # -- start-up -----------------------------------------------------------
     def reserve_master_port(self) -> int:
@@ -106,17 +112,22 @@ class WorkerHost:
         """Set the environment, build the worker, and return its registry record."""
         env = dict(spec.env)
         env["MASTER_PORT"] = str(master_port)
-        os.environ.update(env)
         placement = spec.placement
+        self._set_device_env(spec, env)
+        os.environ.update(env)
+        if not placement.visible_gpu_ids:
+            own = []
+        elif _isolated(env):
+            own = placement.device_indices
+        else:  # the whole node is visible in its own numbering
+            own = list(placement.local_gpu_ids)
         info = WorkerInfo(
             address=spec.address,
             rank=placement.rank,
             node_id=placement.node_rank,
-            gpu_id=placement.gpu_id,
+            gpu_id=own[0] if own else None,
             node_ip=node_ip,
-            # isolated (default): the worker sees only its devices, numbered from 0
-            available_gpus=list(range(len(placement.local_gpu_ids))) if env.get("RLINF_ISOLATE_GPU") != "0"
-            else list(placement.local_gpu_ids),
+            available_gpus=own,
             pid=os.getpid(),
             hostname=socket.gethostname(),
             group_world_size=spec.world_size,
@@ -160,6 +171,23 @@ class WorkerHost:
         from .p2p.endpoints import published_endpoints  # imported late: only worker processes listen
 
         return WorkerRecord(info=info, endpoints=published_endpoints())
+
+    def _set_device_env(self, spec: WorkerSpec, env: dict) -> None:
+        """Put this worker's accelerator variables into ``env`` (see ``accelerator``); remember what they replace."""
+        from . import accelerator
+
+        placement = spec.placement
+        self._saved_env.setdefault(accelerator.WORKER_ACCELERATOR_ENV, os.environ.get(accelerator.WORKER_ACCELERATOR_ENV))
+        if not placement.visible_gpu_ids:
+            env.update(accelerator.device_env(accelerator.CPU, (), None))
+            return
+        kind = accelerator.for_node(getattr(spec.node, "accelerator", ""))
+        var = kind.visible_devices_env
+        if var != "CUDA_VISIBLE_DEVICES":
+            env.pop("CUDA_VISIBLE_DEVICES", None)  # a generic default; this kind selects devices otherwise
+        self._saved_env.setdefault(var, os.environ.get(var))
+        visible = placement.visible_gpu_ids if _isolated(env) else tuple(range(spec.node.num_gpus))
+        env.update(accelerator.device_env(kind, visible, self._saved_env[var]))
 
     # -- calls ------------------------------------------------------------
     def execute(self, method: str, args: tuple, kwargs: dict):
@@ -306,5 +334,11 @@ class WorkerHost:
         if self._held_port is not None:
             self._held_port.close()
             self._held_port = None
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved_env = {}
         context.set_current(None)
         self._ctx = None

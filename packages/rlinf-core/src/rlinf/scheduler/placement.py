@@ -4,6 +4,12 @@ A strategy turns the cluster's list of nodes into one ``WorkerPlacement`` per
 worker, in rank order.  Accelerators are numbered globally across nodes, node
 0's first, so ``PackedPlacementStrategy(0, 7)`` on two 4-GPU nodes spans both.
 Every strategy validates against the real cluster before anything starts.
+
+Device visibility (see ``accelerator``): every worker of a group on a node
+sees the group's devices on that node, each worker's first device at the
+index of its ``LOCAL_RANK``, its further devices appended after them;
+``WorkerPlacement.visible_gpu_ids`` is that list and ``device_indices`` the
+positions of the worker's own devices in it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ class NodeInfo:
     num_gpus: int
     node_id: str = ""  # the launcher's own identifier for the node
     hostname: str = ""
+    accelerator: str = ""  # the accelerator kind's name ("" when unknown or none)
 
 
 @dataclass(frozen=True)
@@ -33,11 +40,19 @@ class WorkerPlacement:
     local_rank: int
     local_world_size: int
     gpu_ids: tuple[int, ...]  # global accelerator ranks
-    local_gpu_ids: tuple[int, ...]  # device indices on the node
+    local_gpu_ids: tuple[int, ...]  # device indices on the node (this worker's own)
+    #: node-local devices the worker sees, in order: the group's workers' first devices on this
+    #: node by local rank, then this worker's further devices
+    visible_gpu_ids: tuple[int, ...] = ()
 
     @property
     def gpu_id(self):
         return self.gpu_ids[0] if self.gpu_ids else None
+
+    @property
+    def device_indices(self) -> list[int]:
+        """Positions of this worker's own devices in ``visible_gpu_ids`` (``[LOCAL_RANK, ...]``)."""
+        return [self.visible_gpu_ids.index(d) for d in self.local_gpu_ids]
 
 
 def _check_int(value, what: str, minimum: int = 0) -> int:
@@ -60,12 +75,17 @@ def _finish(per_process: list[tuple[int, tuple[int, ...], tuple[int, ...]]]) -> 
     counts: dict[int, int] = {}
     for node_rank, _, _ in per_process:
         counts[node_rank] = counts.get(node_rank, 0) + 1
+    firsts: dict[int, list[int]] = {}
+    for node_rank, _, local in per_process:
+        if local:
+            firsts.setdefault(node_rank, []).append(local[0])
     seen: dict[int, int] = {}
     out = []
     for rank, (node_rank, gpus, local) in enumerate(per_process):
         local_rank = seen.get(node_rank, 0)
         seen[node_rank] = local_rank + 1
-        out.append(WorkerPlacement(rank, node_rank, local_rank, counts[node_rank], gpus, local))
+        visible = tuple(firsts[node_rank]) + tuple(local[1:]) if local else ()
+        out.append(WorkerPlacement(rank, node_rank, local_rank, counts[node_rank], gpus, local, visible))
     return out
 
 

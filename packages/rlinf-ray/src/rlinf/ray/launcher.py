@@ -64,6 +64,13 @@ def _prepare_environment(address: Optional[str]) -> None:
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(24)
 
 
+def _ray_resource(node: NodeInfo) -> str:
+    """The Ray resource that counts this node's accelerators (``"GPU"``, ``"NPU"``, ...)."""
+    from rlinf.scheduler import accelerator
+
+    return accelerator.get(node.accelerator).ray_resource if node.accelerator else "GPU"
+
+
 @dataclass
 class RayHandle:
     actor: Any
@@ -121,15 +128,19 @@ class RaySession(LauncherSession):
     def nodes(self) -> list[NodeInfo]:
         if self._nodes_cache is None:
             ordered = _ray_node_order(self._ray.nodes())
+            from rlinf.scheduler import accelerator
+
+            kinds = [accelerator.for_resources(n.get("Resources", {})) for n in ordered]
             self._nodes_cache = [
                 NodeInfo(
                     node_rank=i,
                     ip=n["NodeManagerAddress"],
-                    num_gpus=int(n.get("Resources", {}).get("GPU", 0)),
+                    num_gpus=int(n.get("Resources", {}).get(k.ray_resource, 0)) if k else 0,
                     node_id=n["NodeID"],
                     hostname=n.get("NodeManagerHostname", ""),
+                    accelerator=k.name if k else "",
                 )
-                for i, n in enumerate(ordered)
+                for i, (n, k) in enumerate(zip(ordered, kinds))
             ]
         return self._nodes_cache
 
@@ -200,7 +211,7 @@ class RaySession(LauncherSession):
         for spec in specs:
             bundle = {"CPU": WORKER_CPU}
             if spec.placement.local_gpu_ids:
-                bundle["GPU"] = len(spec.placement.local_gpu_ids)
+                bundle[_ray_resource(spec.node)] = len(spec.placement.local_gpu_ids)
             bundles.append(bundle)
             selectors.append({NODE_LABEL: spec.node.node_id})
         group = specs[0].group_key

@@ -29,6 +29,22 @@ What core relies on, so that nothing a peer sent is lost:
   receiver drops the torn message (it then sees ``LinkClosed``).  Core
   reconnects for the next send, and the receiver reads the new link only
   after the old one ended, so order is kept.
+
+Device transports (``TransportPlugin.devices`` naming ``"cuda"``) add what
+moving accelerator memory needs, through ``DeviceLink``:
+
+* a rendezvous through the existing CPU connection: a device transport wraps
+  the built-in ``cpu`` transport (its endpoint is published inside the device
+  transport's own, e.g. ``{"cpu": {...}, "backend": "nccl"}``) and sets up its
+  device channel (an NCCL communicator, a CUDA IPC handle) over that link, so
+  the peer is checked the same way and small metadata keeps using it;
+* device buffers: ``send_tensors`` / ``recv_tensors_into`` take tensors in
+  device memory (never staged through the host);
+* streams: both are ordered against the caller's *current* stream with
+  events: the transfer starts after the work already queued on that stream,
+  and work queued on it after the call sees the received data.  The call may
+  return before the copy finishes on the device (as NCCL does); the deadline
+  bounds the host-side wait and any setup.
 """
 
 from __future__ import annotations
@@ -75,6 +91,22 @@ class Link(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+class DeviceLink(ABC):
+    """What a device transport's ``Link`` adds: tensors in device memory, no host staging.
+
+    A link of a device transport implements both ``Link`` (host frames: the
+    metadata path) and ``DeviceLink`` (the payload path).
+    """
+
+    @abstractmethod
+    def send_tensors(self, tensors: Sequence, deadline: Optional[float]) -> None:
+        """Send contiguous device tensors, in order, ordered after the caller's current stream."""
+
+    @abstractmethod
+    def recv_tensors_into(self, tensors: Sequence, deadline: Optional[float]) -> None:
+        """Fill preallocated device tensors (same sizes as sent); the caller's current stream waits for the data."""
 
 
 class Transport(ABC):

@@ -47,3 +47,40 @@ class TransportPlugin:
     check: Callable[[], Optional[str]] = _always_usable
     description: str = ""
     extra: dict = field(default_factory=dict)
+
+
+def _no_devices() -> int:
+    return 0
+
+
+@dataclass
+class AcceleratorPlugin:
+    """A kind of accelerator (NVIDIA GPU, AMD GPU, Ascend NPU, ...) and how to use it.
+
+    Device assignment reads it: ``ray_resource`` is the resource name a Ray node
+    advertises for it (``ray start --num-gpus`` gives ``"GPU"``; Ascend nodes use
+    ``"NPU"``), ``visible_devices_env`` the variable that selects the devices a
+    process sees (``CUDA_VISIBLE_DEVICES``, ``HIP_VISIBLE_DEVICES``,
+    ``ASCEND_RT_VISIBLE_DEVICES``), ``torch_device_type`` the ``torch.device``
+    type of its tensors (``"cuda"`` for NVIDIA and AMD, ``"npu"`` for Ascend) and
+    ``collective_backend`` the ``torch.distributed`` backend for it (``"nccl"``,
+    which is RCCL on ROCm builds, ``"hccl"``).
+
+    ``device_count()`` counts this kind's devices visible to the calling process
+    and must not initialise the device runtime if it can avoid it (returns 0 when
+    the kind's software is missing).  ``check()`` returns ``None`` when this kind
+    can be driven from here, else the reason.  When two kinds share a Ray
+    resource name (NVIDIA and AMD both advertise ``"GPU"``) the one with local
+    devices wins, then the higher ``priority``.
+    """
+
+    name: str
+    ray_resource: str
+    visible_devices_env: str
+    torch_device_type: str
+    collective_backend: str
+    device_count: Callable[[], int] = _no_devices
+    priority: int = 0
+    check: Callable[[], Optional[str]] = _always_usable
+    description: str = ""
+    extra: dict = field(default_factory=dict)

@@ -25,7 +25,7 @@ Rules rlinf follows:
   with the wrong signature, or a hook name that is not specified here: the
   plugin is reported (warning, ``python -m rlinf.scheduler plugins``) and
   skipped; every other plugin keeps working.
-* Two plugins registering the same launcher or transport name: selecting that
+* Two plugins registering the same launcher, transport or accelerator name: selecting that
   name raises an error naming both distributions.
 * Selection: an explicit name wins (argument, ``CollectiveGroupOptions``),
   else ``RLINF_LAUNCHER`` / ``RLINF_TRANSPORT``, else the usable descriptor
@@ -37,7 +37,9 @@ Rules a plugin follows:
   no heavy imports): do that work in ``factory``.
 * ``check()`` never raises; it returns ``None`` or the reason it is unusable.
 * Launchers implement ``rlinf.scheduler.launcher.Launcher``; transports
-  implement ``rlinf.scheduler.p2p.transport.Transport``.  Core owns message
+  implement ``rlinf.scheduler.p2p.transport.Transport`` (device transports
+  also the optional device methods described there); accelerators are plain
+  ``AcceleratorPlugin`` descriptors (see ``rlinf_register_accelerators``).  Core owns message
   formats, ordering, timeouts and error reporting; a backend moves processes
   or bytes.
 * Every listener authenticates its peer before it reads a byte of hello or
@@ -69,3 +71,44 @@ def rlinf_register_launchers() -> list:
 @hookspec
 def rlinf_register_transports() -> list:
     """Return a list of ``TransportPlugin`` descriptors this plugin provides."""
+
+
+@hookspec
+def rlinf_register_accelerators() -> list:
+    """Return a list of ``AcceleratorPlugin`` descriptors this plugin provides.
+
+    An accelerator descriptor tells rlinf how to find a kind of device and how
+    to hand devices of that kind to workers::
+
+        from rlinf.scheduler.plugins import AcceleratorPlugin, hookimpl
+
+        @hookimpl
+        def rlinf_register_accelerators():
+            return [AcceleratorPlugin(
+                name="mygpu",
+                ray_resource="GPU",                       # what a Ray node advertises
+                visible_devices_env="MYGPU_VISIBLE_DEVICES",
+                torch_device_type="mygpu",                # torch.device("mygpu", i)
+                collective_backend="myccl",               # torch.distributed backend
+                device_count=_count,                      # devices visible here, 0 if none
+                check=_check,                             # None or why unusable
+            )]
+
+    What rlinf does with it:
+
+    * Launchers count a node's devices with the kind's ``ray_resource`` (Ray)
+      or ``device_count()`` (MPI, local) and reserve them per worker.
+    * Each worker with devices gets ``visible_devices_env`` set to the devices
+      of its group on its node, its own first device at index ``LOCAL_RANK``
+      (then its further devices), so ``torch.<type>.set_device(LOCAL_RANK)``
+      selects its own device; ``WorkerInfo.gpu_id`` is that index and
+      ``available_gpus`` the indices of all its own devices.  Other kinds'
+      variables are left alone.  ``RLINF_ACCELERATOR=<name>`` in the driver
+      forces a kind when several could match.
+    * ``rlinf.scheduler.accelerator.current()`` returns the descriptor of the
+      kind active in the calling process (a CPU descriptor when none): code
+      that needs ``torch_device_type`` or the collective backend asks it.
+
+    NVIDIA, AMD and Ascend ship with rlinf-core through this very hook
+    (``rlinf.scheduler.accelerator_plugin``).
+    """

@@ -22,12 +22,13 @@ import pluggy
 from .. import config
 from ..errors import PluginError
 from . import hookspecs
-from .descriptors import LauncherPlugin, TransportPlugin
+from .descriptors import AcceleratorPlugin, LauncherPlugin, TransportPlugin
 
 CORE_DISTRIBUTION = "rlinf-core"
 _KINDS = {
     "launcher": ("rlinf_register_launchers", LauncherPlugin),
     "transport": ("rlinf_register_transports", TransportPlugin),
+    "accelerator": ("rlinf_register_accelerators", AcceleratorPlugin),
 }
 
 
