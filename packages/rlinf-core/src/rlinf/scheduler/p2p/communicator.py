@@ -32,7 +32,7 @@ from .. import config, context
 from ..address import WorkerAddress
 from ..errors import CommTimeoutError, CommunicationError, PeerDiedError
 from ..plugins import get_registry
-from . import codec
+from . import codec, device_routing
 from .async_work import AsyncWork
 from .ordering import SerialRunner, Turnstile
 from .transport import Link, LinkClosed, Transport
@@ -82,6 +82,7 @@ class Communicator:
     def __init__(self, address: WorkerAddress, local_ip: str):
         self.address = address
         self.name = address.get_name()
+        self._local_ip = local_ip
         self._transports: dict[str, Transport] = {}
         self._endpoints: dict[str, dict] = {}
         self._out: dict[str, _Pair] = {}
@@ -379,6 +380,8 @@ class Communicator:
 
     def send_object(self, obj: Any, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
         transport = self.transport_name(transport)
+        if device_routing.may_hold_device_tensors(obj) and device_routing.needs_device_path(obj):
+            return self._send_with_device_tensors(obj, peer, transport, timeout, async_op)
         try:
             header, buffers = codec.encode(obj)
             failure = None
@@ -394,6 +397,19 @@ class Communicator:
         if failure is not None:
             raise TypeError(f"{self.name}: cannot send {type(obj).__name__} to {peer.get_name()!r}: {failure}") from failure
         return result
+
+    def _send_with_device_tensors(self, obj: Any, peer: WorkerAddress, transport: str, timeout: float, async_op: bool):
+        """Metadata on this pair's CPU path, device tensors on a device link (see ``device_routing``)."""
+        pair = self._pair(self._out, peer.get_name())
+
+        def op(deadline):
+            def send_meta(envelope):
+                header, buffers = codec.encode(envelope)
+                self._send_frames(peer, transport, [header, *buffers], deadline)
+
+            device_routing.router().send(send_meta, obj, self.name, peer.get_name(), deadline, self._local_ip)
+
+        return self._run(pair, op, async_op, "sending to", peer, timeout)
 
     def recv_object(self, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
         transport = self.transport_name(transport)
@@ -413,6 +429,8 @@ class Communicator:
                     f"{self.name}: {self._describe(peer)} failed to serialize the object it sent: {obj.text}",
                     peer=peer.get_name(),
                 )
+            if isinstance(obj, device_routing.DeviceEnvelope):  # its device tensors follow on a device link
+                obj = device_routing.router().unwrap(obj, self.name, deadline)
             return obj
 
         return self._run(pair, op, async_op, "receiving from", peer, timeout)
@@ -421,6 +439,8 @@ class Communicator:
         from . import codec
 
         transport = self.transport_name(transport)
+        if tensor.device.type != "cpu":  # announced on the CPU path, moved on a device link
+            return self._send_with_device_tensors(tensor, peer, transport, timeout, async_op)
         fingerprint = tensor_fingerprint(tensor)
         payload = codec.tensor_bytes(tensor)
         pair = self._pair(self._out, peer.get_name())
@@ -434,6 +454,8 @@ class Communicator:
         from . import codec
 
         transport = self.transport_name(transport)
+        if tensor.device.type != "cpu":
+            return self._recv_device_tensor(tensor, peer, transport, timeout, async_op)
         expected = tensor_fingerprint(tensor)
         got = bytearray(_FINGERPRINT.size)
         target = codec.tensor_bytes(tensor)
@@ -461,6 +483,29 @@ class Communicator:
                     f"dtype or shape than the {tuple(tensor.shape)} {tensor.dtype} buffer given here",
                     peer=peer.get_name(),
                 )
+            return tensor
+
+        return self._run(pair, op, async_op, "receiving a tensor from", peer, timeout)
+
+    def _recv_device_tensor(self, tensor, peer: WorkerAddress, transport: str, timeout: float, async_op: bool):
+        """``recv_tensor`` into a device buffer: the announcement on the CPU path, the data on a device link."""
+        pair = self._pair(self._in, peer.get_name())
+
+        def op(deadline):
+            raw, frames = self._receive(peer, transport, deadline, lambda link: link.recv(deadline))
+            envelope = None if raw else codec.decode(frames[0], frames[1:])
+            if not isinstance(envelope, device_routing.DeviceEnvelope):
+                raise CommunicationError(
+                    f"{self.name}: recv_tensor into a {tensor.device} buffer from {peer.get_name()!r}, which sent "
+                    f"{'a CPU tensor' if raw else 'an object'}; send_tensor a tensor on a device to fill a device "
+                    f"buffer (the message was discarded)",
+                    peer=peer.get_name(),
+                )
+            try:
+                device_routing.router().receive_into(envelope, tensor, self.name, deadline)
+            except ValueError as exc:
+                raise CommunicationError(
+                    f"{self.name}: recv_tensor from {peer.get_name()!r}: {exc}", peer=peer.get_name()) from None
             return tensor
 
         return self._run(pair, op, async_op, "receiving a tensor from", peer, timeout)
@@ -497,3 +542,4 @@ def close_local_communicator() -> None:
         comm, _local = _local, None
     if comm is not None:
         comm.close()
+        device_routing.close_routers()

@@ -123,6 +123,15 @@ def recv_object(recv_meta: Callable[[], Any], link, deadline: Optional[float], d
     return obj
 
 
+def may_hold_device_tensors(obj: Any) -> bool:
+    """False when this process cannot hold a CUDA tensor at all (torch not imported, CUDA never
+    initialised): the send fast path then skips the walk of ``needs_device_path``."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
 def needs_device_path(obj: Any, is_device: Callable = on_device) -> bool:
     """Whether ``obj`` holds a device tensor the walk of ``split`` would find (cheap, stops at the first)."""
     if _is_tensor(obj):
@@ -220,11 +229,35 @@ class DeviceRouter:
 
     def unwrap(self, received: Any, me: str, deadline: Optional[float], device=None) -> Any:
         """What the CPU path delivered, with its device tensors received (anything else as it is)."""
-        import json
-
         if not isinstance(received, DeviceEnvelope):
             return received
         obj, targets = materialize(received.skeleton, device)
+        link = self._recv_link(received, me, deadline)
+        if targets:
+            link.recv_tensors_into(targets, deadline)
+        return obj
+
+    def receive_into(self, received: "DeviceEnvelope", target, me: str, deadline: Optional[float]) -> None:
+        """``recv_tensor`` of a device tensor: the one announced by ``received`` lands in ``target``.
+
+        Raises ``ValueError`` when the announced tensor has another shape or dtype.
+        """
+        slot = received.skeleton
+        want = (tuple(target.shape), str(target.dtype).removeprefix("torch."))
+        link = self._recv_link(received, me, deadline)
+        if isinstance(slot, DeviceSlot) and (slot.shape, slot.dtype) == want:
+            link.recv_tensors_into([target], deadline)
+            return
+        _, scratch = materialize(slot, target.device)  # take what was sent, so the device link stays in step
+        if scratch:
+            link.recv_tensors_into(scratch, deadline)
+        got = (slot.shape, slot.dtype) if isinstance(slot, DeviceSlot) else f"a {type(slot).__name__}"
+        raise ValueError(f"the sender's tensor is {got}, the buffer given here {want}; the message was discarded")
+
+    def _recv_link(self, received: "DeviceEnvelope", me: str, deadline: Optional[float]):
+        """The device link to receive ``received.src``'s tensors on, dialing the sender when it asks."""
+        import json
+
         with self._cond:
             link = self._in.get(received.src)
         if link is None or received.fresh or not link.is_open():
@@ -233,9 +266,7 @@ class DeviceRouter:
                 old, self._in[received.src] = self._in.get(received.src), link
             if old is not None:
                 old.close()
-        if targets:
-            link.recv_tensors_into(targets, deadline)
-        return obj
+        return link
 
     def close(self) -> None:
         with self._cond:
