@@ -94,6 +94,7 @@ class WorkerGroupFuncResult:
 
     def wait(self, timeout: Optional[float] = None) -> list:
         """Results in rank order; raises the primary failure if any rank failed."""
+        timeout = config.check_timeout(timeout)
         if self._outcomes is not None:
             return self._results()
         try:
@@ -180,6 +181,7 @@ class WorkerGroup:
     ) -> "WorkerGroup":
         if self._session is not None:
             raise RuntimeError(f"group {self._name!r} is already launched")
+        timeout = config.check_timeout(timeout)
         if cluster is None:
             cluster = Cluster()
         elif not isinstance(cluster, Cluster):

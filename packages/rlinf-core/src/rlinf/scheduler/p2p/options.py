@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from .. import config
+
 
 @dataclass
 class CollectiveGroupOptions:
@@ -21,3 +23,4 @@ class CollectiveGroupOptions:
     def __post_init__(self):
         if self.transport is not None and (not isinstance(self.transport, str) or not self.transport):
             raise ValueError(f"CollectiveGroupOptions.transport must be a non-empty str or None, got {self.transport!r}")
+        config.check_timeout(self.timeout, "CollectiveGroupOptions.timeout")
