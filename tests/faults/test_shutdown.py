@@ -100,7 +100,14 @@ def _run(mode):
 @pytest.mark.parametrize("mode", ["exit", "interrupt", "close", "kill"])
 def test_driver_end_stops_everything(mode):
     proc, recorded, session, took = _run(mode)
-    assert not _still_running(recorded), f"left running after '{mode}': {_still_running(recorded)}"
+    left = _still_running(recorded)
+    if left:  # say how long they linger before failing
+        start = time.monotonic()
+        while time.monotonic() - start < 90 and _still_running(recorded):
+            time.sleep(0.5)
+        lingered = f"all gone {took + time.monotonic() - start:.0f} s after the driver ended" \
+            if not _still_running(recorded) else "still running 2 min after the driver ended"
+        pytest.fail(f"left running 30 s after '{mode}': {left}; {lingered}")
     assert not _naming(session), f"processes of the Ray session left after '{mode}': {_naming(session)}"
     if mode == "exit":
         assert proc.returncode == 3  # the program's own exit code is kept
