@@ -272,3 +272,41 @@ def test_spawn_mode_default_slots_is_max_of_4_and_the_cpu_count(tmp_path):
     assert world_size == 1 + max(4, cpus), line  # the driver plus the spawned worker ranks
     time.sleep(1.0)
     assert not leftovers("--serve")
+
+
+#: rank 1 receives 5 messages that each arrive 0.3 s after it starts waiting; prints its CPU seconds
+SPIN_PROGRAM = """
+        import time
+        from rlinf.scheduler import Cluster, NodePlacementStrategy, Worker
+
+        class W(Worker):
+            def run(self):
+                name = self.worker_group_name
+                if self._rank == 0:
+                    for _ in range(6):
+                        time.sleep(0.3)
+                        self.send("tick", name, 1, timeout=60)
+                    return None
+                self.recv(name, 0, timeout=60)  # the link is up before measuring
+                start = time.process_time()
+                for _ in range(5):
+                    self.recv(name, 0, timeout=60)
+                return time.process_time() - start
+
+        g = W.create_group().launch(Cluster(), NodePlacementStrategy([0, 0]), name="spin")
+        print("CPU", g.run().wait()[1], flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_rlinf_mpi_spin_us_sets_how_long_a_waiting_rank_spins(tmp_path):
+    path = program(tmp_path, SPIN_PROGRAM)
+    cpu = {}
+    for spin in ("0", "1000000"):  # never spin; spin up to a second (longer than each wait)
+        code, out, _ = mpirun(3, [path], timeout=120, RLINF_MPI_SPIN_US=spin)
+        assert code == 0, out[-4000:]
+        cpu[spin] = float(next(line for line in out.splitlines() if line.startswith("CPU")).split()[1])
+    # five waits of 0.3 s: spinning burns most of that even on a busy machine; sleeping between tests does not
+    assert cpu["1000000"] > 0.3, cpu
+    assert cpu["0"] < cpu["1000000"] / 3, cpu
+    assert not leftovers(path)

@@ -428,3 +428,44 @@ def test_a_busy_worker_still_takes_messages(pair):
     (woke, got), = busy.wait(timeout=30)
     assert got == list(range(20))
     assert sent < woke, "the sender waited for the busy receiver"  # same host: one clock
+
+
+def test_send_tensor_and_recv_tensor_with_async_op(pair):
+    """``async_op=True`` returns AsyncWork at once on both sides; the data lands in the receiver's buffer."""
+    a, b = pair
+
+    def sender(w):
+        from rlinf.scheduler.p2p.async_work import AsyncWork
+
+        t = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB: the shared-memory path
+        small = torch.full((4,), 3.0)
+        works = [w.send_tensor(t, "p2p_b", 0, async_op=True), w.send_tensor(small, "p2p_b", 0, async_op=True)]
+        assert all(isinstance(x, AsyncWork) for x in works)
+        return [x.wait(timeout=60) for x in works]
+
+    def receiver(w):
+        big, small = torch.zeros(1 << 18), torch.zeros(4)
+        first = w.recv_tensor(big, "p2p_a", 0, async_op=True)
+        second = w.recv_tensor(small, "p2p_a", 0, async_op=True)
+        value, ticks = await_with_ticker(first)
+        second.wait(timeout=60)
+        return bool(torch.equal(big, torch.arange(1 << 18, dtype=torch.float32))), small.tolist(), first.done()
+
+    got = run_on(b, 0, receiver)
+    sent = run_on(a, 0, sender).wait(timeout=60)[0]
+    assert sent == [None, None]
+    assert got.wait(timeout=60) == [(True, [3.0] * 4, True)]
+
+
+def test_async_send_tensor_to_a_missing_group_reports_it(pair):
+    a, _ = pair
+
+    def body(w):
+        try:
+            w.send_tensor(torch.ones(4), "nosuchgroup_async", 0, async_op=True).wait(timeout=30)
+        except Exception as exc:  # refused, not lost: the error reaches the caller, at the call or its wait
+            return type(exc).__name__, str(exc)
+        return "no error", ""
+
+    kind, text = run_on(a, 0, body).wait(timeout=60)[0]
+    assert kind == "CommunicationError" and "nosuchgroup_async" in text, (kind, text)
