@@ -123,7 +123,7 @@ def test_kill_during_send_reports_the_dead_receiver(launch):
         name = w.worker_group_name
         if w._rank == 0:  # keeps sending 4 MiB tensors to rank 1, which dies mid-stream
             for _ in range(100_000):
-                w.send(torch.ones(1 << 20), name, 1, timeout=30)
+                w.send(torch.ones(1 << 20), name, 1, timeout=90)
         else:
             for _ in range(100_000):
                 w.recv(name, 0)
@@ -134,9 +134,10 @@ def test_kill_during_send_reports_the_dead_receiver(launch):
     others = [e for e in err.errors if e is not err]
     assert all(getattr(e, "secondary", False) for e in others if isinstance(e, WorkerMethodError))
     kind, message, peer, after_kill = outcomes[0]
-    # the sender fails fast (not at its 30 s timeout) with PeerDiedError naming the dead receiver
+    # the sender fails with PeerDiedError naming the dead receiver, long before its own 90 s timeout
+    # (about a second on a quiet machine; the bound leaves room for a loaded one)
     assert kind == "PeerDiedError" and "f_send:1" in message, outcomes[0]
-    assert after_kill < 15, outcomes[0]
+    assert after_kill < 45, outcomes[0]
     _assert_released(before, after, "send")
 
 
@@ -144,15 +145,15 @@ def test_kill_during_recv(launch):
     def body(w):
         name = w.worker_group_name
         if w._rank == 0:
-            w.recv(name, 1, timeout=60)  # rank 1 never sends, then dies
+            w.recv(name, 1, timeout=90)  # rank 1 never sends, then dies
         else:
             time.sleep(60)
 
     err, elapsed, outcomes, before, after = _kill_during(launch, "f_recv", body)
     assert elapsed < 15
     kind, message, peer, after_kill = outcomes[0]
-    assert kind == "PeerDiedError" and "f_recv:1" in message, outcomes[0]  # not a CommTimeoutError after 60 s
-    assert after_kill < 15, outcomes[0]
+    assert kind == "PeerDiedError" and "f_recv:1" in message, outcomes[0]  # not a CommTimeoutError after 90 s
+    assert after_kill < 45, outcomes[0]
     _assert_released(before, after, "recv")
 
 
@@ -209,7 +210,7 @@ def test_kill_during_channel_put_and_get(cluster, launch):
     assert time.monotonic() - start < 20
     # the surviving host dropped what it held for the dead clients: connections, threads, shared memory
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and resources(host_pid)["fds"] > host_before["fds"] + 2:
+    while time.monotonic() < deadline and any(resources(host_pid)[k] > host_before[k] + 2 for k in ("fds", "threads")):
         time.sleep(0.2)
     host_after = resources(host_pid)
     assert host_after["fds"] <= host_before["fds"] + 2, (host_before, host_after)
