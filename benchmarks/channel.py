@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import close_cluster, local_cluster, print_table, save_bar_plot
+from common import Target, add_run_options, close_cluster, local_cluster, parse, print_table, save_bar_plot
 
 from rlinf.scheduler import Channel, NodePlacementStrategy, Worker
 
@@ -67,7 +67,9 @@ def run_case(prod, cons, queue, kind, n, ours):
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=2000)
-    args = parser.parse_args(argv)
+    parser.add_argument("--warmup", type=int, default=50)
+    add_run_options(parser, messages=20, warmup=5)
+    args = parse(parser, argv)
     from ray.util.queue import Queue
 
     cluster = local_cluster()
@@ -78,8 +80,8 @@ def main(argv=None):
     kinds = ["small dict", "1 MiB tensor", "list of 8 tensors"]
     results = {}
     for kind in kinds:
-        run_case(prod, cons, ours, kind, 50, True)  # warm-up: connections, shared memory
-        run_case(prod, cons, theirs, kind, 50, False)
+        run_case(prod, cons, ours, kind, args.warmup, True)  # warm-up: connections, shared memory
+        run_case(prod, cons, theirs, kind, args.warmup, False)
         results[kind] = (run_case(prod, cons, ours, kind, args.messages, True),
                          run_case(prod, cons, theirs, kind, args.messages, False))
     rows = []
@@ -95,7 +97,12 @@ def main(argv=None):
     prod.stop()
     cons.stop()
     close_cluster(cluster)
+    ratio = {k: results[k][0]["concurrent"] / results[k][1]["concurrent"] for k in kinds}
+    return [Target("1 MiB tensors concurrent vs Ray Queue", ratio["1 MiB tensor"], ">=", 2.0),
+            Target("small dicts concurrent vs Ray Queue", ratio["small dict"], ">=", 1.0)]
 
 
 if __name__ == "__main__":
-    main()
+    from run import main as run_main
+
+    raise SystemExit(run_main(["channel", *__import__("sys").argv[1:]]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -18,7 +19,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 from rlinf.scheduler import Worker  # noqa: E402  (after the environment above)
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = os.environ.get("RLINF_BENCH_RESULTS") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 #: the small object whose round trip the point-to-point benchmarks time
 SMALL_MESSAGE = {"step": 0, "reward": 0.5, "done": False, "info": "ok"}
 
@@ -62,6 +63,48 @@ def close_cluster(cluster) -> None:
 
     cluster.shutdown()
     shutil.rmtree(cluster.bench_temp_dir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One same-run target: ``ratio`` (rlinf over its baseline) must be ``op`` ``bound``."""
+
+    measure: str
+    ratio: float
+    op: str  # "<=" or ">="
+    bound: float
+
+    @property
+    def met(self) -> bool:
+        return self.ratio <= self.bound if self.op == "<=" else self.ratio >= self.bound
+
+    def line(self) -> str:
+        return f"TARGET {'met   ' if self.met else 'MISSED'} {self.measure}: {self.ratio:.2f} (target {self.op} {self.bound})"
+
+
+def add_run_options(parser, **smoke_values) -> None:
+    """``--smoke`` (tiny sizes: ``smoke_values`` become the defaults) and ``--check``."""
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds: proves the benchmark runs")
+    parser.add_argument("--check", action="store_true", help="exit with status 1 when a same-run target is missed")
+    parser.set_defaults(_smoke_values=smoke_values)
+
+
+def parse(parser, argv):
+    """Parse ``argv``; with ``--smoke``, options the user did not give take their smoke values."""
+    args = parser.parse_args(argv)
+    if args.smoke:
+        given = {a.split("=")[0] for a in (argv or []) if a.startswith("--")}
+        for key, value in args._smoke_values.items():
+            if f"--{key}" not in given:
+                setattr(args, key, value)
+    return args
+
+
+def report_targets(targets: Sequence[Target]) -> list:
+    """Print one line per target; returns the missed ones."""
+    for t in targets:
+        print(t.line(), flush=True)
+    return [t for t in targets if not t.met]
 
 
 def median_time(fn: Callable[[], None], repeat: int, warmup: int = 1) -> float:

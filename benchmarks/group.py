@@ -13,7 +13,7 @@ import argparse
 import statistics
 import time
 
-from common import close_cluster, local_cluster, print_table, save_bar_plot
+from common import Target, add_run_options, close_cluster, local_cluster, parse, print_table, save_bar_plot
 
 from rlinf.scheduler import NodePlacementStrategy, Worker
 
@@ -37,7 +37,8 @@ def main(argv=None):
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--launches", type=int, default=4)
-    args = parser.parse_args(argv)
+    add_run_options(parser, workers=2, calls=20, rounds=1, launches=1)
+    args = parse(parser, argv)
 
     import ray
 
@@ -94,7 +95,11 @@ def main(argv=None):
         "time",
     )
     close_cluster(cluster)
+    return [Target("launch + first answer vs raw Ray", our_l / raw_l, "<=", 1.25),
+            Target("group call noop vs raw Ray", our_c / raw_c, "<=", 1.25)]
 
 
 if __name__ == "__main__":
-    main()
+    from run import main as run_main
+
+    raise SystemExit(run_main(["group", *__import__("sys").argv[1:]]))

@@ -102,7 +102,8 @@ def _peer_class():
 
 def inside(args) -> None:
     sys.path.insert(0, HERE)
-    from common import print_table, save_bar_plot
+    from common import Target, print_table, report_targets, save_bar_plot
+    from run import exit_status
 
     from rlinf.scheduler import Cluster, NodePlacementStrategy
 
@@ -135,6 +136,13 @@ def inside(args) -> None:
                    (("rlinf send_tensor", "send_tensor"), ("rlinf send", "send"), ("raw mpi4py Send/Recv", "raw"))},
                   "GB/s")
     group.stop()
+    targets = [Target("small round trip vs raw mpi4py", rtt_ours / rtt_raw, "<=", 3.0)]
+    if 256 in bw:
+        targets += [Target(f"256 MiB {how} vs raw mpi4py", bw[256][how] / bw[256]["raw"], ">=", 0.85)
+                    for how in ("send_tensor", "send")]
+    status = exit_status(report_targets(targets), args.check)
+    if status:
+        sys.exit(status)  # the job's exit status is the program's
 
 
 def main(argv=None):
@@ -143,17 +151,31 @@ def main(argv=None):
     parser.add_argument("--pingpongs", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    sys.path.insert(0, HERE)
+    from common import add_run_options, parse
+
+    add_run_options(parser, sizes="1", pingpongs=50, rounds=1)
+    args = parse(parser, argv)
     if args.inside:
         inside(args)
-        return
+        return []
     env = dict(os.environ, UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"))
     bindir = os.path.dirname(sys.executable)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     cmd = ["mpiexec", "-n", "3", sys.executable, "-m", "rlinf.mpi", os.path.abspath(__file__), "--inside",
            "--sizes", args.sizes, "--pingpongs", str(args.pingpongs), "--rounds", str(args.rounds)]
-    sys.exit(subprocess.run(cmd, env=env, timeout=900).returncode)
+    cmd += ["--check"] if args.check else []
+    code = subprocess.run(cmd, env=env, timeout=900).returncode
+    if code:
+        sys.exit(code)
+    return []  # the targets were reported (and checked) inside the job
 
 
 if __name__ == "__main__":
-    main()
+    if "--inside" in sys.argv:
+        main(sys.argv[1:])
+    else:
+        sys.path.insert(0, HERE)
+        from run import main as run_main
+
+        raise SystemExit(run_main(["mpi", *sys.argv[1:]]))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import RoundTripPeer, close_cluster, local_cluster, print_table, save_bar_plot
+from common import RoundTripPeer, Target, add_run_options, close_cluster, local_cluster, parse, print_table, save_bar_plot
 
 from rlinf.scheduler import NodePlacementStrategy
 
@@ -161,7 +161,8 @@ def main(argv=None):
     parser.add_argument("--sizes", default="1,64,256", help="tensor sizes in MiB")
     parser.add_argument("--pingpongs", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args(argv)
+    add_run_options(parser, sizes="1", pingpongs=50, rounds=1)
+    args = parse(parser, argv)
     sizes = [int(s) for s in args.sizes.split(",")]
 
     import ray
@@ -207,7 +208,16 @@ def main(argv=None):
                   {n: [bw[s][n] / 1e9 for s in sizes] for n in names}, "GB/s")
     group.stop()
     close_cluster(cluster)
+    targets = [Target("small round trip vs gloo", rtt["rlinf send/recv"] / rtt["gloo"], "<=", 0.5)]
+    if 256 in bw:
+        b = bw[256]
+        for api in ("rlinf send/recv", "rlinf send_tensor"):
+            targets += [Target(f"256 MiB {api} vs gloo", b[api] / b["gloo"], ">=", 2.0),
+                        Target(f"256 MiB {api} vs Ray", b[api] / b["Ray actors"], ">=", 1.0)]
+    return targets
 
 
 if __name__ == "__main__":
-    main()
+    from run import main as run_main
+
+    raise SystemExit(run_main(["p2p", *__import__("sys").argv[1:]]))

@@ -31,3 +31,14 @@ class TestRayLauncher(LauncherConformance):
     @pytest.fixture(scope="class")
     def conformance_cluster(self, cluster):  # the session's Ray cluster: one Ray per test session
         return cluster
+
+
+def test_every_conformance_test_ran_and_passed(request):
+    """Runs last in this module: each class above ran the whole kit, none skipped."""
+    from conformance_counts import assert_session_ran_whole_kit
+
+    assert_session_ran_whole_kit(request, {
+        TestCpuTransportSharedMemory: TransportConformance,
+        TestCpuTransportTcp: TransportConformance,
+        TestRayLauncher: LauncherConformance,
+    })

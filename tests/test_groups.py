@@ -112,9 +112,10 @@ def test_default_placement_is_one_worker_on_node_zero(launch):
 def test_results_are_non_blocking_and_awaitable(launch):
     group = launch(EnvWorker, "x", placement=NodePlacementStrategy([0, 0]))
     start = time.monotonic()
-    handle = group.timed(0.3)
-    assert time.monotonic() - start < 0.25  # returned before the workers finished
+    handle = group.timed(3.0)  # rank 0 sleeps 3 s, rank 1 6 s
+    returned = time.monotonic() - start
     assert not handle.done()
+    assert returned < 2.5, returned  # returned before any worker could have finished
     assert asyncio.run(handle.async_wait()) == [0, 1]
     assert handle.done()
     assert group.async_method(5).wait() == [5, 6]
@@ -127,14 +128,15 @@ def test_timing_reduced_over_ranks_and_consumed_once(launch):
     assert first.wait() == [0, 1]
     durations = first.consume_durations()
     assert set(durations) == {"decorated", "inner"}
-    assert 0.2 <= durations["inner"] < 1.0  # max over ranks: rank 1 slept 0.2 s
+    # upper bounds stay loose (a loaded machine oversleeps); the reductions are checked against the per-rank values
+    assert 0.2 <= durations["inner"] < 10  # max over ranks: rank 1 slept 0.2 s
     assert durations["decorated"] >= durations["inner"]
     assert first.consume_durations() == {}
     reduced, per_rank = second.consume_durations(reduction_type="min", return_per_rank=True)
-    assert 0.02 <= reduced["inner"] < 0.04 + 0.1
-    assert len(per_rank) == 2 and per_rank[1]["inner"] >= 0.04
-    mean = group.timed(0.05).consume_durations("mean")
-    assert 0.07 <= mean["inner"] < 0.3
+    assert len(per_rank) == 2 and per_rank[0]["inner"] >= 0.02 and per_rank[1]["inner"] >= 0.04
+    assert reduced["inner"] == min(r["inner"] for r in per_rank) and reduced["inner"] < 10
+    mean, per_rank = group.timed(0.05).consume_durations("mean", return_per_rank=True)
+    assert mean["inner"] == sum(r["inner"] for r in per_rank) / 2 and 0.07 <= mean["inner"] < 10
     with pytest.raises(ValueError):
         group.timed(0.0).consume_durations("sum")
 

@@ -39,9 +39,17 @@ def test_conformance_suite_passes(installed, tmp_path):
         class TestPlainTcp(TransportConformance):
             transport_name = "plaintcp"
     """))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
+    report = tmp_path / "report.xml"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+                          str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    # counted: every test of the kit ran and passed, none skipped ("1 passed, 9 skipped" is not a pass)
+    from conformance_counts import assert_class_ran_whole_kit, junit_outcomes, kit_tests
+    from rlinf.testing import TransportConformance
+
+    outcomes = junit_outcomes(report)
+    assert_class_ran_whole_kit(outcomes, "TestPlainTcp", kit_tests(TransportConformance))
+    assert len(outcomes) == len(kit_tests(TransportConformance)), outcomes
 
 
 def test_selected_by_name_and_env_between_workers(installed):

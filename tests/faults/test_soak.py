@@ -1,8 +1,9 @@
 """Soak: 100,000 messages point-to-point and through a channel, small and 1 MiB.
 
 Resident memory of every process involved must grow by less than 50 MiB, and
-no file descriptor or shared-memory segment may leak.  ``RLINF_SOAK_ITEMS``
-lowers the count for a quick local run.
+no file descriptor, thread or shared-memory mapping may leak (shared memory is
+``memfd``: it shows as ``memfd:`` lines in ``/proc/<pid>/maps``, never in
+``/dev/shm``).  ``RLINF_SOAK_ITEMS`` lowers the count for a quick local run.
 """
 
 import os
@@ -32,18 +33,27 @@ def fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def threads(pid):
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def memfd_mappings(pid):
+    with open(f"/proc/{pid}/maps") as f:
+        return sum("memfd:" in line for line in f)
+
+
 def snapshot(pids):
-    return {p: (rss(p), fds(p)) for p in pids}, sorted(os.listdir("/dev/shm"))
+    return {p: (rss(p), fds(p), threads(p), memfd_mappings(p)) for p in pids}
 
 
 def check_growth(before, after, label):
-    (b, shm_b), (a, shm_a) = before, after
-    report = {p: ((a[p][0] - b[p][0]) / MiB, a[p][1] - b[p][1]) for p in b}
-    print(f"{label}: growth per process (MiB, fds): {report}")
-    for pid, (mem, fd) in report.items():
+    report = {p: ((after[p][0] - before[p][0]) / MiB, *(a - b for a, b in zip(after[p][1:], before[p][1:]))) for p in before}
+    print(f"{label}: growth per process (MiB, fds, threads, memfd mappings): {report}")
+    for pid, (mem, fd, thr, memfd) in report.items():
         assert mem < 50, f"{label}: process {pid} grew by {mem:.1f} MiB"
         assert fd <= 2, f"{label}: process {pid} gained {fd} file descriptors"
-    assert shm_a == shm_b, f"{label}: /dev/shm changed: {set(shm_a) ^ set(shm_b)}"
+        assert thr <= 2, f"{label}: process {pid} gained {thr} threads"
+        assert memfd <= 2, f"{label}: process {pid} gained {memfd} memfd mappings"
     return report
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 #: seconds a blocking communication operation waits before raising TimeoutError
@@ -48,8 +49,8 @@ def _float_env(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"environment variable {name}={raw!r} must be positive")
+    if not math.isfinite(value) or value <= 0:  # NaN compares false with everything: refuse it by name
+        raise ValueError(f"environment variable {name}={raw!r} must be a positive, finite number of seconds")
     return value
 
 
@@ -72,15 +73,33 @@ def launch_timeout() -> float:
     return _float_env(LAUNCH_TIMEOUT_ENV, DEFAULT_LAUNCH_TIMEOUT)
 
 
+def check_timeout(timeout, what: str = "timeout"):
+    """``None`` (no explicit timeout) or ``timeout`` as a positive, finite float.
+
+    Raises ``TypeError`` for anything that is not a real number (``bool``
+    included: ``True`` is not "one second") and ``ValueError`` for NaN,
+    infinities, zero and negatives.  NaN must be refused explicitly: it
+    compares false with everything, so ``nan <= 0`` lets it through and a
+    deadline of ``now + nan`` never arrives, nor expires.
+    """
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {timeout!r}")
+    try:
+        value = float(timeout)
+    except OverflowError:  # an int beyond float's range
+        value = math.inf
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a positive, finite number of seconds, got {timeout!r}")
+    return value
+
+
 def resolve_timeout(timeout: float | None) -> float:
     """An explicit timeout, validated, or the configured default."""
     if timeout is None:
         return default_timeout()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout!r}")
-    return float(timeout)
+    return check_timeout(timeout)
 
 
 def autoload_enabled() -> bool:

@@ -100,6 +100,7 @@ class WorkerGroupFuncResult:
 
     def wait(self, timeout: Optional[float] = None) -> list:
         """Results in rank order; raises the primary failure if any rank failed."""
+        timeout = config.check_timeout(timeout)
         if self._outcomes is not None:
             return self._results()
         try:
@@ -205,6 +206,7 @@ class WorkerGroup:
             raise TypeError(f"isolate_gpu must be a bool, got {isolate_gpu!r}")
         if catch_system_failure is not None and not isinstance(catch_system_failure, bool):
             raise TypeError(f"catch_system_failure must be a bool or None, got {catch_system_failure!r}")
+        timeout = config.check_timeout(timeout)
         if cluster is None:
             cluster = Cluster()
         elif not isinstance(cluster, Cluster):

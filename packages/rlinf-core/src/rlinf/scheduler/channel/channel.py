@@ -141,6 +141,7 @@ class Channel:
         """Connect to an existing channel (waiting up to ``timeout`` s for it to appear)."""
         from ..cluster import current_session
 
+        timeout = config.check_timeout(timeout) or CONNECT_WAIT
         group = _group_name(name)
         if name in _local:
             return _local[name]

@@ -7,6 +7,8 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, Optional
 
+from .. import config
+
 
 class AsyncWork:
     """A pending communication; ``wait()`` returns its result (the object, for a recv)."""
@@ -52,6 +54,7 @@ class AsyncWork:
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until done and return the result; re-raises the operation's error."""
+        timeout = config.check_timeout(timeout)
         try:
             return self._future.result(timeout)
         except concurrent.futures.TimeoutError:

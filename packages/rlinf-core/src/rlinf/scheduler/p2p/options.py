@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass, fields
 from typing import Optional
 
+from .. import config
+
 log = logging.getLogger("rlinf.p2p")
 
 #: RLinf's tuning fields: hints for accelerator transports (NCCL), meaningless to CPU transports
@@ -37,6 +39,7 @@ class CollectiveGroupOptions:
     def __post_init__(self):
         if self.transport is not None and (not isinstance(self.transport, str) or not self.transport):
             raise ValueError(f"CollectiveGroupOptions.transport must be a non-empty str or None, got {self.transport!r}")
+        config.check_timeout(self.timeout, "CollectiveGroupOptions.timeout")
         for name in ("accel_max_ctas", "accel_min_ctas", "accel_cluster_size"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -1,0 +1,61 @@
+"""Every benchmark runs, in its smoke mode (tiny sizes), so none can rot.
+
+The numbers of a smoke run mean nothing and are not checked; what is checked
+is that the benchmark ran end to end, printed its table and its targets, and
+wrote its plot.  ``--check`` (exit status 1 on a missed target) is tested on
+its decision alone: real targets are for quiet machines, not CI.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(ROOT, "benchmarks", "run.py")
+TABLE_TITLES = {
+    "group": "Group benchmark",
+    "p2p": "Point-to-point between two workers",
+    "channel": "Channel vs ray.util.queue.Queue",
+    "mpi": "rlinf over MPI against raw mpi4py",
+}
+TARGETS = {"group": 2, "p2p": 1, "channel": 2, "mpi": 1}  # targets a smoke run (no 256 MiB size) reports
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(TABLE_TITLES))
+def test_benchmark_smoke_run(name, tmp_path):
+    if name == "mpi":
+        pytest.importorskip("mpi4py", reason="the mpi benchmark needs mpi4py and mpiexec")
+    env = {k: v for k, v in os.environ.items() if k not in ("RLINF_LAUNCHER", "RLINF_TEST_LAUNCHER", "RAY_ADDRESS")}
+    env.update(RLINF_BENCH_RESULTS=str(tmp_path), PYTHONUNBUFFERED="1")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run([sys.executable, RUN, name, "--smoke"], cwd=ROOT, env=env, timeout=280, start_new_session=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-5000:]
+    assert TABLE_TITLES[name] in out, out[-5000:]
+    lines = [line for line in out.splitlines() if line.startswith("TARGET ")]
+    assert len(lines) == TARGETS[name], out[-3000:]
+    assert os.path.exists(tmp_path / f"{name}.png"), "the plot was not written"
+
+
+def test_check_exits_non_zero_only_when_a_target_is_missed():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        from common import Target
+        from run import exit_status
+    finally:
+        sys.path.pop(0)
+    met, missed = Target("a", 1.0, "<=", 1.25), Target("b", 0.5, ">=", 2.0)
+    assert met.met and not missed.met
+    assert Target("c", 2.0, ">=", 2.0).met and not Target("d", 1.26, "<=", 1.25).met
+    assert exit_status([], check=True) == 0
+    assert exit_status([missed], check=True) == 1
+    assert exit_status([missed], check=False) == 0  # without --check a miss is only printed
+
+
+def test_unknown_benchmark_is_a_usage_error():
+    proc = subprocess.run([sys.executable, RUN, "nope"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "usage: run.py" in proc.stderr
