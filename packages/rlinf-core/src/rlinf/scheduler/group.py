@@ -134,7 +134,7 @@ class WorkerGroupFuncResult:
             raise ValueError(f"reduction_type must be 'max', 'min' or 'mean', got {reduction_type!r}")
         if self._outcomes is None:
             try:
-                self.wait()
+                self.wait()  # as long as the user's method runs (like wait() itself); worker deaths end it
             except WorkerError:
                 pass  # the timings of the ranks that ran are still reported
         per_rank = self._durations or []

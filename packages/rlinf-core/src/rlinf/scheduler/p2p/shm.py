@@ -65,7 +65,7 @@ def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
     futures = [_copy_pool.submit(np.copyto, dst[i * step : (i + 1) * step], src[i * step : (i + 1) * step]) for i in range(1, threads)]
     np.copyto(dst[:step], src[:step])
     for f in futures:
-        f.result()
+        f.result()  # unbounded but cannot hang: a memcpy between two mappings this process holds
 
 
 #: most segments one link may have (in flight plus kept for reuse): each costs a descriptor per side
