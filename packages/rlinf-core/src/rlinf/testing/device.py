@@ -12,33 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
+from .transport import _Peer
+
 MiB = 1 << 20
-
-
-class _DevicePeer:
-    def __init__(self, name: str, device: str, env: dict):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlinf.testing._device_echo_peer", name, device],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-        )
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the device echo peer for {name!r} did not start (exit code {self.proc.wait(30)})")
-        self.endpoint = json.loads(line)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 def _device_unavailable(device: str):
@@ -84,7 +64,8 @@ class DeviceTransportConformance:
 
     @pytest.fixture
     def peer(self, transport):
-        p = _DevicePeer(self.transport_name, self.peer_device, dict(os.environ, **self.peer_env))
+        p = _Peer(self.transport_name, dict(os.environ, **self.peer_env), "rlinf.testing._device_echo_peer",
+                  (self.peer_device,))
         yield p
         p.close()
 

@@ -22,14 +22,16 @@ MiB = 1 << 20
 
 
 class _Peer:
-    def __init__(self, name: str, env: dict):
+    """An echo peer in its own process (``module`` runs it); its endpoint is its first line of output."""
+
+    def __init__(self, name: str, env: dict, module: str = "rlinf.testing._echo_peer", args: tuple = ()):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlinf.testing._echo_peer", name],
+            [sys.executable, "-m", module, name, *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
         )
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the echo peer for transport {name!r} did not start (exit code {self.proc.wait(10)})")
+            raise RuntimeError(f"the echo peer for transport {name!r} did not start (exit code {self.proc.wait(30)})")
         self.endpoint = json.loads(line)
 
     def close(self) -> None:

@@ -195,16 +195,7 @@ class PairLink(Link, DeviceLink):
             return self._pop(deadline)
         self._check()
         raw, head, inline = self._head(deadline)
-        inline = iter(inline)
-        out = []
-        for size, b in zip(head["s"], head["b"]):
-            if b:
-                buf = bytearray(size)
-                self._op("recv", [_byte_tensor(buf)], deadline)
-                out.append(buf)
-            else:
-                out.append(next(inline))
-        return raw, out
+        return raw, self._receive_frames(head, inline, deadline)
 
     def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
         if self._ahead is not None:
