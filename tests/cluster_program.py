@@ -19,7 +19,8 @@ class Holder(Worker):
         super().__init__()
 
     def devices(self):
-        return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        """This worker's own device: entry LOCAL_RANK of the group's visible list (see rlinf.scheduler.accelerator)."""
+        return os.environ["CUDA_VISIBLE_DEVICES"].split(",")[int(os.environ["LOCAL_RANK"])]
 
     def pid(self):
         return os.getpid()

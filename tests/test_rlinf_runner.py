@@ -112,7 +112,7 @@ def test_rlinf_style_runner(cluster):
         assert not env_handle.done()  # the env loop runs across steps
         env.stop().wait(timeout=60)  # the env worker's own stop
         steps, = env_handle.wait(timeout=60)
-        assert steps >= 3
+        assert steps in (2, 3)  # the third action may still be in the channel when stop() lands
         assert env_handle.consume_durations()["env_step"] > 0
     finally:
         for g in reversed(groups):

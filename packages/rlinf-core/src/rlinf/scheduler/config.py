@@ -15,6 +15,8 @@ AUTOLOAD_ENV = "RLINF_PLUGINS_AUTOLOAD"
 PLUGINS_ENV = "RLINF_PLUGINS"
 #: set by core in worker processes: the plugins the driver loaded, so workers skip discovery
 PLUGIN_SOURCES_ENV = "RLINF_PLUGIN_SOURCES"
+#: variables core sets in each worker for that worker alone: never forwarded to the groups it launches
+WORKER_ONLY_ENV = frozenset({PLUGIN_SOURCES_ENV, "RLINF_WORKER_ACCELERATOR", "RLINF_ISOLATE_GPU"})
 #: seconds a launcher keeps collecting other ranks' outcomes after one rank failed,
 #: so that the root cause (not its echo on a peer) is the error reported
 ERROR_GRACE_ENV = "RLINF_ERROR_GRACE"
@@ -73,6 +75,10 @@ def launch_timeout() -> float:
     return _float_env(LAUNCH_TIMEOUT_ENV, DEFAULT_LAUNCH_TIMEOUT)
 
 
+#: the longest timeout taken (about 31 years): waits built on it stay within what the OS accepts
+MAX_TIMEOUT = 1e9
+
+
 def check_timeout(timeout, what: str = "timeout"):
     """``None`` (no explicit timeout) or ``timeout`` as a positive, finite float.
 
@@ -92,6 +98,8 @@ def check_timeout(timeout, what: str = "timeout"):
         value = math.inf
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{what} must be a positive, finite number of seconds, got {timeout!r}")
+    if value > MAX_TIMEOUT:  # the OS's waits overflow past ~292 years; nobody means more than this
+        raise ValueError(f"{what} must be at most {MAX_TIMEOUT:.0f} seconds, got {timeout!r}")
     return value
 
 

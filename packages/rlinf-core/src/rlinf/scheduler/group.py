@@ -251,7 +251,7 @@ class WorkerGroup:
         master_addr = nodes[placements[0].node_rank].ip
         plugin_sources = get_registry().sources_json()
         # RLINF_* settings of the launching process apply to its workers too
-        forwarded = {k: v for k, v in os.environ.items() if k.startswith("RLINF_") and k != config.PLUGIN_SOURCES_ENV}
+        forwarded = {k: v for k, v in os.environ.items() if k.startswith("RLINF_") and k not in config.WORKER_ONLY_ENV}
         specs = []
         for p in placements:
             env = {

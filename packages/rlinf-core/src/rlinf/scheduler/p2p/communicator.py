@@ -270,6 +270,7 @@ class Communicator:
             except CommunicationError:
                 raise ConnectionError(f"{exc}; its group is no longer running") from None
             if record.endpoints.get(transport) == tried:
+                self._drop_outgoing(pair, link)  # the peer is gone: free the link's shared memory now
                 raise
         if link is not None:
             link.close()
@@ -277,6 +278,14 @@ class Communicator:
             if pair.link is link:
                 pair.link = None
         self._outgoing(peer, transport, deadline)[1].send(frames, deadline, raw=raw)
+
+    def _drop_outgoing(self, pair: _Pair, link: Optional[Link]) -> None:
+        if link is None:
+            return
+        with self._cond:
+            if pair.link is link:
+                pair.link = None
+        link.close()
 
     def _incoming(self, peer: WorkerAddress, transport: str, deadline: Optional[float], ended: bool = False) -> Link:
         """The link to receive from ``peer`` on, waiting for the peer to connect.
