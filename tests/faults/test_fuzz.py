@@ -272,9 +272,10 @@ def fuzz_channel(cluster):
 
 
 # keys follow dict-key rules: any hashable value (RLinf's router builds tuple keys); unhashable ones are refused
-keys = st.one_of(st.text(max_size=8), st.none(), st.integers(), st.booleans(),
+keys = st.one_of(st.text(min_size=1, max_size=8), st.none(), st.integers(), st.booleans(),
                  st.tuples(st.text(max_size=2), st.integers(-3, 3)))
-bad_keys = st.one_of(st.lists(st.text(max_size=2), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
+bad_keys = st.one_of(st.just(""), st.lists(st.text(max_size=2), max_size=2),
+                     st.dictionaries(st.text(max_size=2), st.integers(), max_size=2))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -283,7 +284,7 @@ bad_keys = st.one_of(st.lists(st.text(max_size=2), max_size=2), st.dictionaries(
        item=st.one_of(st.integers(), st.text(max_size=20), st.lists(st.floats(allow_nan=False), max_size=4)))
 @example(key="k", weight=1, timeout=math.nan, item=1)
 def test_channel_arguments(fuzz_channel, key, weight, timeout, item):
-    key_ok = not isinstance(key, (list, dict))
+    key_ok = not isinstance(key, (list, dict)) and key != ""
     expected = timeout_error(timeout) or (None if key_ok else TypeError)
     if expected is None:
         fuzz_channel.put(item, weight=weight, key=key, timeout=timeout)

@@ -135,7 +135,7 @@ class SocketLink(Link):
 
             self._pool, self._cache = SenderPool(), ReceiverCache()
         self._ancsize = socket.CMSG_SPACE(_MAX_FDS * 4) if local else 0
-        self._rbuf = bytearray(_CHUNK)
+        self._rbuf = bytearray()  # grown on the first receive: a link that only sends never pays for it
         self._rview = memoryview(self._rbuf)
         self._rstart = 0
         self._rend = 0
@@ -292,7 +292,7 @@ class SocketLink(Link):
             self._rbuf[:n] = self._rbuf[self._rstart : self._rend]
             self._rstart, self._rend = 0, n
         if self._rend == len(self._rbuf):  # grow into a new buffer: views of the old one stay valid
-            bigger = bytearray(2 * len(self._rbuf))
+            bigger = bytearray(max(_CHUNK, 2 * len(self._rbuf)))
             bigger[: self._rend] = self._rbuf[: self._rend]
             self._rbuf, self._rview = bigger, memoryview(bigger)
         view = self._rview[self._rend :]
@@ -512,6 +512,13 @@ class SocketLink(Link):
         fds, self._fds = self._fds, []
         for fd in fds:
             os.close(fd)
+        if self._ahead_cond is None and self._rlock.acquire(blocking=False):
+            try:  # no reader: the receive buffer goes now, not whenever the link object does
+                self._rbuf = bytearray()
+                self._rview = memoryview(self._rbuf)
+                self._rstart = self._rend = 0
+            finally:
+                self._rlock.release()
         if self._pool is not None:
             self._pool.close()
         if self._cache is not None:
