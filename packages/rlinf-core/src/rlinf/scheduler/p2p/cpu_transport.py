@@ -578,6 +578,7 @@ class CpuTransport(Transport):
         self._stop = threading.Event()
         self._on_accept: Optional[Callable] = None
         self._gate: Optional[security.HandshakeGate] = None
+        self._wakeup: Optional[tuple[int, int]] = None
         self._links: set[SocketLink] = set()  # open links only: a closed one is forgotten
         self._lock = threading.Lock()
 
@@ -597,6 +598,8 @@ class CpuTransport(Transport):
         for s in self._listeners:
             s.setblocking(False)
             self._selector.register(s, selectors.EVENT_READ)
+        self._wakeup = os.pipe()  # close() writes to it, so the accept loop never outlives its transport
+        self._selector.register(self._wakeup[0], selectors.EVENT_READ)
         self._thread = threading.Thread(target=self._accept_loop, name="rlinf-cpu-accept", daemon=True)
         self._thread.start()
         return {
@@ -607,17 +610,31 @@ class CpuTransport(Transport):
         }
 
     def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                events = self._selector.select(timeout=0.5)
-            except (OSError, ValueError):
-                return
-            for key, _ in events:
+        """Accept until ``close``; the loop owns the selector and closes it on its way out.
+
+        (Closing the selector from another thread while this one waits in it
+        can leave this thread waiting on a reused descriptor, forever.)
+        """
+        try:
+            while not self._stop.is_set():
                 try:
-                    conn, _ = key.fileobj.accept()
-                except OSError:
-                    continue
-                self._gate.admit(conn)  # bounded: never more than a few dozen handshakes in flight
+                    events = self._selector.select(timeout=0.5)
+                except (OSError, ValueError):
+                    return
+                for key, _ in events:
+                    if key.fileobj == self._wakeup[0]:
+                        return
+                    try:
+                        conn, _ = key.fileobj.accept()
+                    except OSError:
+                        continue
+                    self._gate.admit(conn)  # bounded: never more than a few dozen handshakes in flight
+        finally:
+            self._selector.close()
+            with self._lock:  # close() writes to the pipe only while it is ours
+                wakeup, self._wakeup = self._wakeup, None
+            for fd in wakeup:
+                os.close(fd)
 
     def _authenticated(self, conn: socket.socket, hello: bytes) -> None:
         """Called by the gate once the peer proved it holds the cluster secret and sent its hello."""
@@ -685,7 +702,12 @@ class CpuTransport(Transport):
             return True
 
     def close(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
+        with self._lock:
+            if self._wakeup is not None:
+                os.write(self._wakeup[1], b"x")  # the accept loop closes the pipe once it has seen this
         for s in self._listeners:
             try:
                 s.close()
@@ -693,8 +715,6 @@ class CpuTransport(Transport):
                 pass
         if self._gate is not None:
             self._gate.close()
-        if self._selector is not None:  # its epoll descriptor; the accept loop ends on the error
-            self._selector.close()
         with self._lock:
             links, self._links = list(self._links), set()
         for link in links:
