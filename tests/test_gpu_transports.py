@@ -36,7 +36,7 @@ def test_two_ends_on_one_gpu_get_a_clear_error(name):
     import torch
 
     from rlinf.scheduler.plugins import get_registry
-    from rlinf.testing.device import _DevicePeer
+    from rlinf.testing.transport import _Peer
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device is visible here")
@@ -45,7 +45,7 @@ def test_two_ends_on_one_gpu_get_a_clear_error(name):
         pytest.skip(f"{name} is not usable here: {entry.unusable_reason()}")
     torch.cuda.set_device(0)
     t = entry.descriptor.factory()
-    peer = _DevicePeer(name, "cuda:0", dict(__import__("os").environ))
+    peer = _Peer(name, dict(__import__("os").environ), "rlinf.testing._device_echo_peer", ("cuda:0",))
     try:
         with pytest.raises(ConnectionError, match="one GPU"):
             t.connect(peer.endpoint, b"", time.monotonic() + 60)

@@ -64,6 +64,9 @@ class DeviceTransportConformance:
 
     @pytest.fixture
     def peer(self, transport):
+        from rlinf.scheduler.security import cluster_secret
+
+        cluster_secret()  # made here if absent, so the peer inherits the same one
         p = _Peer(self.transport_name, dict(os.environ, **self.peer_env), "rlinf.testing._device_echo_peer",
                   (self.peer_device,))
         yield p
