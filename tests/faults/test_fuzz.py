@@ -19,7 +19,7 @@ from rlinf.scheduler import (
     WorkerAddress,
 )
 from rlinf.scheduler.address import resolve_address
-from rlinf.scheduler.config import DEFAULT_TIMEOUT, TIMEOUT_ENV, resolve_timeout
+from rlinf.scheduler.config import DEFAULT_TIMEOUT, MAX_TIMEOUT, TIMEOUT_ENV, resolve_timeout
 from rlinf.scheduler.placement import NodeInfo
 
 from p2p_helpers import Peer, run_on
@@ -51,9 +51,9 @@ def timeout_error(value):
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return TypeError
-    if isinstance(value, int) and value > 0:
-        return None if value < 2**1000 else ValueError
-    return None if math.isfinite(value) and value > 0 else ValueError
+    if isinstance(value, int):
+        return None if 0 < value <= MAX_TIMEOUT else ValueError
+    return None if math.isfinite(value) and 0 < value <= MAX_TIMEOUT else ValueError
 
 
 # -- addresses -----------------------------------------------------------------------------------------------------
