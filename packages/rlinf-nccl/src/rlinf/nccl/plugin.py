@@ -23,6 +23,13 @@ def _torch_distributed() -> Optional[str]:
 
 
 def _gloo() -> Optional[str]:
+    """Cheap where torch is not imported yet: every worker checks CPU transports as it starts, and
+    importing torch there would add seconds to every launch.  A build without gloo then fails at the
+    first pair setup, with torch's own error."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return None if importlib.util.find_spec("torch") is not None else "torch is not installed"
     reason = _torch_distributed()
     if reason:
         return reason
