@@ -137,7 +137,7 @@ def test_a_send_that_times_out_midway_costs_no_delivered_message(cluster, launch
 def test_a_receive_that_times_out_midway_loses_nothing(cluster, launch, path):
     """recv and recv_tensor whose deadline passes mid-message: the next receive gets the message whole."""
     g = launch(Peer, placement=NodePlacementStrategy([0, 0]), name=f"resume_{path}")
-    n = 48 << 20  # float32 elements: 192 MiB, inline
+    n = 24 << 20  # float32 elements: 96 MiB, inline
 
     def sender(w, path, n):
         _use_path(path)
@@ -150,24 +150,24 @@ def test_a_receive_that_times_out_midway_loses_nothing(cluster, launch, path):
 
     def receiver(w, n):
         name = w.worker_group_name
-        timeouts = 0
+        timeouts, give_up = 0, time.monotonic() + 100
         while True:  # a deadline far shorter than the transfer: many receives time out midway
             try:
                 obj = w.recv(name, 0, timeout=0.02)
                 break
             except CommTimeoutError:
                 timeouts += 1
-                if timeouts > 5000:
+                if time.monotonic() > give_up:
                     raise
         buf = torch.empty(n, dtype=torch.float32)
-        tensor_timeouts = 0
+        tensor_timeouts, give_up = 0, time.monotonic() + 100
         while True:
             try:
                 w.recv_tensor(buf, name, 0, timeout=0.02)
                 break
             except CommTimeoutError:
                 tensor_timeouts += 1
-                if tensor_timeouts > 5000:
+                if time.monotonic() > give_up:
                     raise
         want = torch.arange(n, dtype=torch.float32)
         return (timeouts, tensor_timeouts, bool(torch.equal(obj, want)), bool(torch.equal(buf, want * 2)),
@@ -175,8 +175,8 @@ def test_a_receive_that_times_out_midway_loses_nothing(cluster, launch, path):
 
     tx = run_on(g, 0, sender, path, n)
     rx = run_on(g, 1, receiver, n)
-    assert tx.wait(timeout=120) == [True]
-    timeouts, tensor_timeouts, obj_ok, tensor_ok, after = rx.wait(timeout=120)[0]
+    assert tx.wait(timeout=170) == [True]
+    timeouts, tensor_timeouts, obj_ok, tensor_ok, after = rx.wait(timeout=170)[0]
     assert obj_ok and tensor_ok and after == "after"
     assert timeouts > 0 and tensor_timeouts > 0  # the deadlines did pass midway
 
