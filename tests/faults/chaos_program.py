@@ -123,6 +123,7 @@ class Run:
         #: per (src, dst): messages sent and not yet received, in send order, as [id, digest, certain]
         #: (a receive that times out leaves its message for the next receive on that pair)
         self.in_flight: dict = collections.defaultdict(collections.deque)
+        self.warming = False
 
     # -- bookkeeping ---------------------------------------------------------------
     def violate(self, step: int, text: str) -> None:
@@ -181,6 +182,8 @@ class Run:
     def maybe_kill(self, candidates):
         """Sometimes pick one of ``candidates`` (group, rank) of the killable groups to kill."""
         killable = [c for c in candidates if c[0] != "stable"]
+        if self.warming:  # the warm-up measures the baseline: nothing may die in it
+            return None, None
         if killable and self.rng.random() < self.args.kill_rate:
             victim = self.rng.choice(killable)
             return victim, self.kill_later(*victim, self.rng.uniform(0.0, 0.3))
@@ -315,8 +318,10 @@ class Run:
             self.launch(name)
         self.channel = Channel.create(f"chaos_{os.getpid()}", maxsize=0)
         ops = [self.op_call, self.op_p2p, self.op_channel]
+        self.warming = True
         for step in range(3):  # warm up: connections and threads that stay for the whole run
             ops[step](-1)
+        self.warming = False
         start_driver = resources()
         stable_pids = list(self.pids["stable"])
         start_stable = [resources(p) for p in stable_pids]
