@@ -213,7 +213,7 @@ class WorkerHost:
         """``execute`` as a task on the running loop: concurrent with the worker's other calls."""
         limit = self._concurrency_limit()
         if limit is not None:
-            await limit.acquire()
+            await limit.acquire()  # a slot frees when one of this worker's running calls returns (max_concurrency)
         try:
             with timing.capture_durations() as durations:
                 try:
