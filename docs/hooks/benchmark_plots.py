@@ -15,24 +15,19 @@ from __future__ import annotations
 import ast
 import os
 
-from mkdocs.structure.files import File
-
 MARKER = "<!-- benchmark plots -->"
 PAGE = "benchmarks.md"
 PLOTS_URI = "benchmark-plots"
 
 
 def _root(config) -> str:
+    """The repository root: the folder of ``mkdocs.yml``."""
     return os.path.dirname(os.path.abspath(config.config_file_path))
 
 
-def _results_dir(config) -> str:
-    return os.environ.get("RLINF_BENCH_RESULTS") or os.path.join(_root(config), "benchmarks", "results")
-
-
-def _plots(config) -> dict:
-    """name -> path of each PNG in the results folder."""
-    folder = _results_dir(config)
+def plots(root: str) -> dict:
+    """name -> path of each PNG in the benchmarks' results folder."""
+    folder = os.environ.get("RLINF_BENCH_RESULTS") or os.path.join(root, "benchmarks", "results")
     if not os.path.isdir(folder):
         return {}
     return {f[:-4]: os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".png")}
@@ -58,38 +53,45 @@ def _summary(path: str) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
-def _benchmarks(config) -> dict:
+def benchmarks(root: str) -> dict:
     """name -> module file of every benchmark ``benchmarks/run.py`` knows."""
-    bench = os.path.join(_root(config), "benchmarks")
+    bench = os.path.join(root, "benchmarks")
     names = _literal(os.path.join(bench, "run.py"), "BENCHMARKS") or {}
     return {name: os.path.join(bench, module.replace(".", os.sep) + ".py") for name, module in names.items()}
 
 
-def render(benchmarks: dict, plots: dict) -> str:
-    """The markdown that replaces the marker: one section per benchmark, its plot or how to make it."""
+def render(known: dict, images: dict) -> str:
+    """The markdown that replaces the marker.
+
+    ``known``: benchmark name -> module file (``benchmarks()``); ``images``:
+    plot name -> PNG path (``plots()``).  One section per known benchmark, with
+    its plot or the command that makes it, then any other plot found.
+    """
     out = []
-    if not plots:
+    if not images:
         out.append(
             '!!! note "No plots in this build"\n'
             "    The plots are made on the machine that builds the site: run a benchmark\n"
             "    (`hatch run bench group`, for instance), then `hatch run docs` again.\n"
         )
-    for name, module in benchmarks.items():
+    for name, module in known.items():
         out.append(f"## `{name}`\n")
         summary = _summary(module)
         if summary:
             out.append(summary + "\n")
-        if name in plots:
+        if name in images:
             out.append(f"![{name} benchmark plot]({PLOTS_URI}/{name}.png)\n")
         else:
             out.append(f"No plot yet: `hatch run bench {name}` writes `benchmarks/results/{name}.png`.\n")
-    for name in sorted(set(plots) - set(benchmarks)):
+    for name in sorted(set(images) - set(known)):
         out.append(f"## `{name}`\n\n![{name} plot]({PLOTS_URI}/{name}.png)\n")
     return "\n".join(out)
 
 
 def on_files(files, config):
-    for name, path in _plots(config).items():
+    from mkdocs.structure.files import File  # imported here so that render() is usable without mkdocs
+
+    for name, path in plots(_root(config)).items():
         files.append(File.generated(config, f"{PLOTS_URI}/{name}.png", abs_src_path=path))
     return files
 
@@ -99,4 +101,5 @@ def on_page_markdown(markdown, page, config, files):
         return markdown
     if MARKER not in markdown:
         raise ValueError(f"{PAGE} lost its {MARKER!r} marker: the benchmark plots have nowhere to go")
-    return markdown.replace(MARKER, render(_benchmarks(config), _plots(config)))
+    root = _root(config)
+    return markdown.replace(MARKER, render(benchmarks(root), plots(root)))
