@@ -92,3 +92,12 @@ def test_optional_guides_join_the_nav_only_once_they_exist(tmp_path):
     assert hook._prune(nav, str(tmp_path)) == nav
     # only the optional pages are pruned: any other missing page is left for mkdocs to report
     assert hook._prune([{"Gone": "gone.md"}], str(tmp_path)) == [{"Gone": "gone.md"}]
+
+
+def test_rst_literal_markers_render_as_one_colon():
+    fix = _hook("literal_blocks").fix
+    code = '\n<div class="language-toml highlight"><pre><code>x = 1</code></pre></div>'
+    assert fix("<p>in this group::</p>" + code) == "<p>in this group:</p>" + code
+    assert fix("<p>::</p>" + code) == code
+    prose = "<p>a C++ name like <code>std::vector</code> ends here::</p><p>no code follows</p>"
+    assert fix(prose) == prose  # only a colon pair that introduces a code block changes
