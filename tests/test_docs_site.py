@@ -101,3 +101,14 @@ def test_rst_literal_markers_render_as_one_colon():
     assert fix("<p>::</p>" + code) == code
     prose = "<p>a C++ name like <code>std::vector</code> ends here::</p><p>no code follows</p>"
     assert fix(prose) == prose  # only a colon pair that introduces a code block changes
+
+
+def test_guide_names_link_to_their_pages():
+    link = _hook("page_links").link
+    urls = {"security.md": "../security/"}
+    html = "<p>see <code>docs/security.md</code> and <code>docs/tracing.md</code></p>"
+    assert link(html, urls.get) == (
+        '<p>see <a href="../security/"><code>docs/security.md</code></a> and <code>docs/tracing.md</code></p>'
+    )
+    block = "<pre><code>cat docs/security.md\n</code></pre>"
+    assert link(block, urls.get) == block  # code blocks are left alone
