@@ -112,3 +112,47 @@ def test_guide_names_link_to_their_pages():
     )
     block = "<pre><code>cat docs/security.md\n</code></pre>"
     assert link(block, urls.get) == block  # code blocks are left alone
+
+
+# ``::: module`` and the ``members:`` option under it, in a page of the site
+DIRECTIVE = re.compile(r"^::: (\S+)\n((?:[ \t]+\S.*\n?)*)", re.M)
+MEMBERS = re.compile(r"^\s+members:\s*(.+)$", re.M)
+
+
+def _rendered() -> dict:
+    """module -> the member names its directives render (None: every public member)."""
+    shown: dict = {}
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        for module, options in DIRECTIVE.findall(page.read_text(encoding="utf-8")):
+            members = MEMBERS.search(options)
+            if members is None:
+                shown[module] = None
+            elif module not in shown or shown[module] is not None:
+                value = members.group(1).strip()
+                names = set() if value == "false" else {n.strip() for n in value.strip("[]").split(",")}
+                shown[module] = (shown.get(module) or set()) | names
+    return shown
+
+
+def test_every_public_name_has_an_api_reference_entry():
+    import importlib
+
+    import rlinf.scheduler
+    import rlinf.scheduler.plugins
+    import rlinf.testing
+
+    shown = _rendered()
+    assert "rlinf.scheduler.cluster" in shown  # the pages were read
+    missing = []
+    for package in (rlinf.scheduler, rlinf.scheduler.plugins, rlinf.testing):
+        for name in package.__all__:
+            obj = getattr(package, name)
+            # rendered where it is defined, or through the module that exports it (griffe follows the alias)
+            covered = any(
+                getattr(importlib.import_module(module), name, None) is obj and (members is None or name in members)
+                for module, members in shown.items()
+                if module == package.__name__ or module.startswith(package.__name__ + ".")
+            )
+            if not covered:
+                missing.append(f"{package.__name__}.{name}")
+    assert not missing, f"public names without an API reference entry: {missing}; add them to a page under docs/reference/"
