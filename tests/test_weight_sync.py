@@ -1,6 +1,6 @@
 """Weight sync: ``broadcast`` of a state dict, received in place, over shared memory and over TCP.
 
-One group of four workers (a source and three receivers) on the session's
+One group of five workers (a source, three receivers and a spare) on the session's
 Ray; ``path`` forces the links: ``shm`` (the source writes one segment all
 receivers read) or ``tcp`` (``RLINF_CPU_LOCAL=0``: a chunked chain).
 """
@@ -44,10 +44,15 @@ def _zeros_like(sd: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def four(cluster):
-    g = Peer.create_group().launch(cluster, NodePlacementStrategy([0, 0, 0, 0]), name="wsync")
+def five(cluster):
+    """Ranks 0-3 take part; the death tests (last) kill one rank each and bring in rank 4."""
+    g = Peer.create_group().launch(cluster, NodePlacementStrategy([0] * 5), name="wsync")
     yield g
     g.stop()
+
+
+def _on(group, ranks, fn, *args):
+    return [group.execute_on(r).run(ship(fn), *args) for r in ranks]
 
 
 def _sync_round(w, path):
@@ -77,9 +82,9 @@ def _sync_round(w, path):
 
 @cpu_transport_internals
 @pytest.mark.parametrize("path", PATHS)
-def test_in_place_dict_and_list_to_three_receivers(four, path):
-    before = four.run(ship(lambda w: _counts())).wait(timeout=60)
-    rounds = [four.run(ship(_sync_round), path).wait(timeout=120) for _ in range(2)]
+def test_in_place_dict_and_list_to_three_receivers(five, path):
+    before = [r.wait(timeout=60)[0] for r in _on(five, range(4), lambda w: _counts())]
+    rounds = [[r.wait(timeout=120)[0] for r in _on(five, range(4), _sync_round, path)] for _ in range(2)]
     for r in range(1, 4):
         seen, l0, l1, step, t, _ = rounds[1][r]
         assert seen == [True, True] and l0 == [1.0] * 5 and l1 == [0, 1, 2] and step == 3 and t == [3.0] * 4
@@ -112,8 +117,8 @@ def _mismatch(w, path):
 
 @cpu_transport_internals
 @pytest.mark.parametrize("path", PATHS)
-def test_mismatch_is_refused_before_any_write(four, path):
-    root, r1, r2, r3 = four.run(ship(_mismatch), path).wait(timeout=120)
+def test_mismatch_is_refused_before_any_write(five, path):
+    root, r1, r2, r3 = [r.wait(timeout=120)[0] for r in _on(five, range(4), _mismatch, path)]
     assert r1 == (None, True) and r3 == (None, True)  # the others got it, also past the refusing one (chain)
     text, untouched = r2
     assert "out['w']" in text and "(49999,)" in text and "(50000,)" in text and untouched
@@ -124,31 +129,25 @@ def test_mismatch_is_refused_before_any_write(four, path):
 
 @survives_worker_death
 @cpu_transport_internals
-@pytest.mark.parametrize("path", PATHS)
-def test_receiver_that_dies_mid_broadcast_is_named_on_the_source(cluster, path):
-    name = "wsync"
-    g = Peer.create_group().launch(cluster, NodePlacementStrategy([0, 0, 0, 0]), name=name + "_d")
-    try:
-        victim = 2
-        res = [g.execute_on(r).run(ship(_death_named), path, victim, name + "_d") for r in range(4)]
-        root = res[0].wait(timeout=120)
-        outcome, took, before, after = root[0]
-        assert outcome is not None and outcome[0] == "PeerDiedError", outcome
-        assert f"{name}_d:{victim}" in outcome[1].replace("'", "") or f"rank {victim}" in outcome[1], outcome
-        assert took < 30, took  # bounded well within the timeout, not a hang
-        # the survivors broadcast again; the source holds no more descriptors or mappings than before
-        for r in (1, 3):
+@pytest.mark.parametrize("path,members,victim", [("shm", [0, 1, 2, 3], 2), ("tcp", [0, 1, 3, 4], 3)])
+def test_receiver_that_dies_mid_broadcast_is_named_on_the_source(five, path, members, victim):
+    res = {r: five.execute_on(r).run(ship(_death_named), path, members, victim, "wsync") for r in members}
+    outcome, took, before, after = res[0].wait(timeout=120)[0]
+    assert outcome is not None and outcome[0] == "PeerDiedError", outcome
+    assert f"rank {victim}" in outcome[1], outcome
+    assert took < 30, took  # bounded well within the timeout, not a hang
+    # the survivors broadcast again; the source holds no more descriptors or mappings than before
+    for r in members[1:]:
+        if r != victim:
             assert res[r].wait(timeout=120)[0] == [1.0, 1.0]
-        assert after["fds"] <= before["fds"] and after["memfd_maps"] <= before["memfd_maps"], (before, after)
-    finally:
-        g.stop()
+    assert after["fds"] <= before["fds"] and after["memfd_maps"] <= before["memfd_maps"], (before, after)
 
 
-def _death_named(w, path, victim, group):
-    """``_death`` for a group of another name."""
+def _death_named(w, path, members, victim, group):
+    """The source broadcasts 64 MiB twice; ``victim`` exits during the second; then the rest go on."""
     _use_path(path)
-    groups = [(group, [0, 1, 2, 3])]
-    rest = [(group, [r for r in range(4) if r != victim])]
+    groups = [(group, members)]
+    rest = [(group, [r for r in members if r != victim])]
     big = {f"t{i}": torch.full((1 << 20,), float(i)) for i in range(16)}  # 64 MiB
     if w._rank == 0:
         w.broadcast(big, groups=groups, timeout=60)  # warm: the segment exists now

@@ -326,7 +326,9 @@ def _raise(comm, errors: list, timeout: float) -> None:
         return
     kinds = {e["kind"] for e in errors}
     cls = PeerDiedError if "died" in kinds else CommTimeoutError if "timeout" in kinds else CommunicationError
-    names = ", ".join(sorted({e["who"] for e in errors}))
+    from ..address import WorkerAddress
+
+    names = "; ".join(comm._describe(WorkerAddress.from_name(n)) for n in sorted({e["who"] for e in errors}))
     text = "; ".join(e["text"] for e in errors[:8])
     raise cls(f"{comm.name}: broadcast (timeout {timeout:g} s) did not reach {names}: {text}", peer=errors[0]["who"])
 
