@@ -6,9 +6,13 @@ registry (no round of messages decides it):
 * receivers on the source's host (unless ``RLINF_CPU_LOCAL=0``) connect to
   the source over its Unix socket.  The source writes the payload once into
   a ``memfd`` segment and hands that same segment to each of them
-  (``SocketLink.send_shared``, ``SCM_RIGHTS``); each copies out of it, in
-  parallel, and acknowledges.  The source keeps the segment for the next
-  broadcast, so later ones write into memory that is already faulted in.
+  (``SocketLink.send_fds``, ``SCM_RIGHTS``).  A receiver with ``out=``
+  copies out of it (in parallel with the others); one without maps it
+  copy-on-write and gets tensors that are views of it (zero copies; its
+  writes stay its own).  The source keeps the segment for the next broadcast
+  (memory already faulted in) when every receiver copied out; a segment a
+  receiver still maps is never written again, and the kernel frees it when
+  the last view is gone.
 * the others form a chain, grouped by host: each connects to its
   predecessor (the source for the first), receives the payload in chunks of
   ``RLINF_BROADCAST_CHUNK_MB`` straight into its destination (its own
@@ -340,6 +344,7 @@ class _Child:
         self.comm, self.addr, self.name = comm, addr, addr.get_name()
         self.link = None
         self.error: Optional[dict] = None
+        self.kept = False  # it keeps views of our segment (set by its acknowledgement)
 
     def join(self, state: _State, deadline: float) -> None:
         try:
@@ -355,11 +360,11 @@ class _Child:
         except Exception as exc:
             self._fail(exc, "sending to")
 
-    def send_shared(self, frames: list, segment: tuple, spans: list, deadline: float) -> None:
+    def send_fds(self, frames: list, fds: list, deadline: float) -> None:
         if self.link is None:
             return
         try:
-            self.link.send_shared(frames, segment, spans, deadline)
+            self.link.send_fds(frames, fds, deadline)
         except Exception as exc:
             self._fail(exc, "sending to")
 
@@ -370,10 +375,12 @@ class _Child:
 
     def acknowledgement(self, deadline: float) -> list:
         """The failures at and below this child (empty: all got it); closes the link."""
+        self.kept = False
         if self.link is not None:
             try:
                 _raw, frames = self.link.recv(deadline)
-                errors = pickle.loads(bytes(frames[0]))["errors"]
+                ack = pickle.loads(bytes(frames[0]))
+                errors, self.kept = ack["errors"], ack.get("kept", False)
             except Exception as exc:
                 self._fail(exc, "waiting for the acknowledgement of")
             else:
@@ -445,14 +452,15 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
         for b, off in zip(buffers, offsets):
             if b.nbytes:
                 parallel_copy(seg.view[DATA_OFFSET + off : DATA_OFFSET + off + b.nbytes], np.frombuffer(b, np.uint8))
-        spans = list(zip(offsets, meta["sizes"]))
+        shm_meta = _dumps({**meta, "segment": DATA_OFFSET + seg.capacity})
         for c in shm_children:
-            c.send_shared([meta_bytes], (seg.seg_id, seg.fd, seg.capacity), spans, deadline)
+            c.send_fds([shm_meta], [seg.fd], deadline)
     errors = []
     for c in shm_children:
         errors += c.acknowledgement(deadline)
-    if seg is not None:
-        state.release_segment(seg, reusable=not any(e["kind"] == "timeout" for e in errors))
+    if seg is not None:  # reused only if no receiver maps it any more (or may still read it)
+        state.release_segment(seg, reusable=not any(e["kind"] == "timeout" for e in errors)
+                              and not any(c.kept for c in shm_children))
     for t in threads:
         t.join()  # bounded: every send in _stream has the deadline
     for c in children:
@@ -503,6 +511,7 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
     child = _Child(comm, child_of[me]) if me in child_of else None
     own_error: Optional[BaseException] = None
     result = None
+    kept = False
     try:
         try:
             _raw, frames = link.recv(deadline)
@@ -522,7 +531,7 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
                     except (TypeError, ValueError) as exc:
                         result, own_error = None, exc
             else:
-                result, own_error = _receive_payload(link, meta, frames[1:], child, out, me, deadline)
+                result, own_error, kept = _receive_payload(link, meta, child, out, me, deadline)
         except Exception as exc:  # the feeder failed us: nothing to acknowledge to
             err = _failure(comm, feeder.get_name(), feeder, exc, "receiving the broadcast from")
             if child is not None and child.link is not None:
@@ -534,7 +543,7 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
         if own_error is not None:
             errors.insert(0, {"who": me, "kind": "refused", "text": str(own_error)})
         try:
-            link.send([pickle.dumps({"errors": errors})], deadline)
+            link.send([pickle.dumps({"errors": errors, "kept": kept})], deadline)
         except Exception:
             pass  # the feeder is gone: it reports that itself
     finally:
@@ -544,54 +553,70 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
     return result
 
 
-def _receive_payload(link, meta: dict, shm_frames: list, child: Optional[_Child], out, me: str, deadline: float):
-    """Fill the destination from shared memory or from the stream; ``(result, refusal)``."""
-    from .shm import parallel_copy
+def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, deadline: float):
+    """Fill the destination from shared memory or from the stream; ``(result, refusal, kept)``.
+
+    ``kept``: the result holds views of the source's segment (copy-on-write).
+    """
+    from .shm import DATA_OFFSET, map_private, map_shared, parallel_copy
 
     sizes = meta["sizes"]
     offsets, total = _layout(sizes)
     refusal = None
-    flat = None
     targets = None
     if out is not None:
         try:
             targets = _targets_for_out(out, meta, me)
         except (TypeError, ValueError) as exc:
             refusal = exc
+    if "segment" in meta:  # the source wrote it once into a segment we share
+        fds = link.take_fds()
+        if not fds:
+            raise ConnectionError("the shared-memory segment arrived without its descriptor")
+        try:
+            if refusal is not None:
+                return None, refusal, False
+            if targets is None:  # zero copies: views of a copy-on-write mapping
+                whole = np.frombuffer(map_private(fds[0], meta["segment"]), dtype=np.uint8)[DATA_OFFSET:]
+                buffers = [whole[off : off + n] for off, n in zip(offsets, sizes)]
+                return codec.decode(meta["header"], buffers), None, True
+            whole = np.frombuffer(map_shared(fds[0], meta["segment"]), dtype=np.uint8)[DATA_OFFSET:]
+            for i, (off, n) in enumerate(zip(offsets, sizes)):
+                for dst in targets[i]:
+                    if dst is not None:
+                        parallel_copy(dst, whole[off : off + n])
+            del whole  # unmapped here: nothing of ours views it
+            return out, None, False
+        finally:
+            for fd in fds:
+                os.close(fd)
+    flat = None
     if targets is None and refusal is None:
         flat = np.empty(total, dtype=np.uint8)
         targets = [[flat[off : off + n]] if n else [] for off, n in zip(offsets, sizes)]
-    if shm_frames:  # the source wrote it once into a segment we share
-        if refusal is None:
-            for i, view in enumerate(shm_frames):
-                for dst in targets[i]:
-                    if dst is not None:
-                        parallel_copy(dst, view)
-        shm_frames.clear()
-    else:
-        chunk = meta["chunk"]
-        scratch = None
-        for i, n in enumerate(sizes):
-            dsts = [d for d in targets[i] if d is not None] if refusal is None else []
-            for pos in range(0, n, chunk):
-                m = min(chunk, n - pos)
-                if dsts:
-                    first = dsts[0][pos : pos + m]
-                else:  # refused: still take it off the wire and pass it on
-                    if scratch is None or scratch.nbytes < m:
-                        scratch = np.empty(chunk, dtype=np.uint8)
-                    first = scratch[:m]
-                link.recv_into([first], deadline)
-                if child is not None:
-                    child.send([first], deadline)
-                for extra in dsts[1:]:
-                    np.copyto(extra[pos : pos + m], first)
+    chunk = meta["chunk"]
+    scratch = None
+    for i, n in enumerate(sizes):
+        dsts = [d for d in targets[i] if d is not None] if refusal is None else []
+        for pos in range(0, n, chunk):
+            m = min(chunk, n - pos)
+            if dsts:
+                first = dsts[0][pos : pos + m]
+            else:  # refused: still take it off the wire and pass it on
+                if scratch is None:
+                    scratch = np.empty(chunk, dtype=np.uint8)
+                first = scratch[:m]
+            link.recv_into([first], deadline)
+            if child is not None:
+                child.send([first], deadline)
+            for extra in dsts[1:]:
+                np.copyto(extra[pos : pos + m], first)
     if refusal is not None:
-        return None, refusal
+        return None, refusal, False
     if out is not None:
-        return out, None
+        return out, None, False
     buffers = [flat[off : off + n] for off, n in zip(offsets, sizes)]
-    return codec.decode(meta["header"], buffers), None
+    return codec.decode(meta["header"], buffers), None, False
 
 
 # -- the entry point ----------------------------------------------------------------------------

@@ -255,29 +255,24 @@ class SocketLink(Link):
         if fds:
             self._pool.sent(seg)
 
-    def send_shared(self, inline: Sequence, segment: tuple, spans: Sequence, deadline: Optional[float]) -> None:
-        """Send ``inline`` frames, then ``spans`` (``(offset, length)``) of a segment the caller wrote.
+    def send_fds(self, inline: Sequence, fds: Sequence[int], deadline: Optional[float]) -> None:
+        """Send ``inline`` frames with descriptors riding along (``SCM_RIGHTS``); the caller keeps its own.
 
-        ``segment`` is ``(seg_id, fd, capacity)`` of a ``shm.Segment`` the
-        caller owns and keeps: its descriptor rides along (``SCM_RIGHTS``), so
-        one segment written once reaches several receivers (``broadcast``).
-        The receiver maps it under ``seg_id`` and gets views of it, as for any
-        shared-memory frame; the mapping goes when the link is closed and the
-        views are gone.  Same-host links only.
+        The receiver collects them with ``take_fds`` after receiving the
+        message.  ``broadcast`` hands one shared-memory segment, written once,
+        to several receivers this way.  Same-host links only.
         """
         if not self.local:
-            raise ValueError("shared-memory frames need a same-host link")
+            raise ValueError("descriptors travel over same-host links only")
         if self._wbroken is not None:
             raise ConnectionError(f"the connection is unusable: {self._wbroken}")
-        seg_id, fd, capacity = segment
         views = [memoryview(f).cast("B") for f in inline]
         descs = [_FRAME.pack(INLINE, 0, 0, v.nbytes) for v in views]
-        descs += [_FRAME.pack(SHM, seg_id, off, n) for off, n in spans]
-        header = b"".join([_HEADER.pack(KIND_DATA, 0, len(descs), 1, 0), _NEWSEG.pack(seg_id, capacity), *descs])
+        header = b"".join([_HEADER.pack(KIND_DATA, 0, len(descs), 0, 0), *descs])
         progress = [0]
         with self._wlock:
             try:
-                self._send_all([header, *[v for v in views if v.nbytes]], [fd], deadline, progress)
+                self._send_all([header, *[v for v in views if v.nbytes]], list(fds), deadline, progress)
             except BaseException as exc:
                 if progress[0]:
                     self._wbroken = f"a send failed midway ({type(exc).__name__})"
@@ -286,6 +281,12 @@ class SocketLink(Link):
                     except OSError:
                         pass
                 raise
+
+    def take_fds(self) -> list[int]:
+        """Descriptors that arrived with the messages received so far and no segment claimed; the caller owns them."""
+        with self._rlock:
+            fds, self._fds = self._fds, []
+            return fds
 
     def _send_all(self, pending: list, fds: list[int], deadline: Optional[float], progress: list) -> None:
         sock = self.sock
