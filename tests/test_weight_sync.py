@@ -127,6 +127,33 @@ def test_mismatch_is_refused_before_any_write(five, path):
     assert "out['w']" in message
 
 
+def _views(w):
+    """Receivers without out= get zero-copy tensors: each one's writes stay its own, and later
+    broadcasts never write into memory an earlier result still uses."""
+    _use_path("shm")
+    groups = [("wsync", [0, 1, 2, 3])]
+    if w._rank == 0:
+        first = {"a": torch.full((1 << 18,), 1.0), "b": torch.arange(10)}
+        w.broadcast(first, groups=groups, timeout=60)
+        w.broadcast(groups=groups, timeout=60)  # the receivers' writes are done
+        first["a"].fill_(9.0)  # the source's own tensors are not shared either
+        w.broadcast({"a": torch.full((1 << 18,), 2.0), "b": torch.arange(10) * 2}, groups=groups, timeout=60)
+        return None
+    kept = w.broadcast(groups=groups, timeout=60)
+    if w._rank == 1:
+        kept["a"][:5] = -1.0
+    w.broadcast(None, groups=groups, timeout=60)
+    second = w.broadcast(groups=groups, timeout=60)
+    mine = -1.0 if w._rank == 1 else 1.0
+    return (float(kept["a"][0]) == mine and float(kept["a"][-1]) == 1.0 and kept["b"].tolist() == list(range(10))
+            and float(second["a"][0]) == 2.0 and second["b"].tolist() == [2 * i for i in range(10)])
+
+
+@cpu_transport_internals
+def test_receivers_without_out_get_private_views(five):
+    assert [r.wait(timeout=120)[0] for r in _on(five, range(4), _views)] == [None, True, True, True]
+
+
 @survives_worker_death
 @cpu_transport_internals
 @pytest.mark.parametrize("path,members,victim", [("shm", [0, 1, 2, 3], 2), ("tcp", [0, 1, 3, 4], 3)])
