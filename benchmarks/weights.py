@@ -5,6 +5,8 @@
 * rlinf shm: ``broadcast(state_dict)`` on the trainer, ``broadcast(out=own_state_dict)``
   on each receiver (filled in place); the payload is written once into shared memory.
 * rlinf TCP: the same with ``RLINF_CPU_LOCAL=0`` (a chunked, pipelined chain).
+* rlinf shm views: ``broadcast(groups=...)`` without ``out=``: receivers get copy-on-write
+  views of the segment (no copy; the like of Ray's zero-copy reads), kept until the next round.
 * Ray object store: ``ray.put`` of the state dict as numpy arrays once, ``ray.get`` in
   every receiver (zero-copy reads on one node: the receivers touch nothing).
 * torch gloo: ``dist.broadcast`` of every tensor (asynchronously, then waited for) in a
@@ -45,19 +47,26 @@ class WeightWorker(Worker):
         self.sd = _state_dict(size_mb, tensors, 1.0 if self._rank == 0 else 0.0)
         self.subgroups = {}
 
-    def rlinf_sync(self, n: int, rounds: int, tcp: bool):
+    def rlinf_sync(self, n: int, rounds: int, tcp: bool, views: bool = False):
         os.environ["RLINF_CPU_LOCAL"] = "0" if tcp else "1"
         if self._rank > n:
             return None
         groups = [(NAME, list(range(n + 1)))]
         times = []
+        kept = None
         for i in range(rounds + 1):
             start = time.perf_counter()
             if self._rank == 0:
                 self.broadcast(self.sd, groups=groups, timeout=600)
+            elif views:
+                kept = self.broadcast(groups=groups, timeout=600)  # replaces the previous round's views
             else:
                 self.broadcast(groups=groups, out=self.sd, timeout=600)
             times.append(time.perf_counter() - start)
+        if kept is not None:
+            first = next(iter(kept.values()))
+            assert float(first[0]) == 1.0 and float(first[-1]) == 1.0, "the weights did not arrive"
+            return statistics.median(times[1:])
         if self._rank:
             first = next(iter(self.sd.values()))
             assert float(first[0]) == 1.0 and float(first[-1]) == 1.0, "the weights did not arrive"
@@ -162,20 +171,24 @@ def main(argv=None):
     source = ray.remote(num_cpus=0.01)(RaySource).remote(args.size_mb, args.tensors)
     receivers = [ray.remote(num_cpus=0.01)(RayReceiver).remote() for _ in range(top)]
 
-    results = {k: {} for k in ("rlinf shm", "rlinf TCP", "Ray object store", "torch gloo")}
+    results = {k: {} for k in ("rlinf shm", "rlinf TCP", "Ray object store", "torch gloo", "rlinf shm views")}
     for n in ns:
         results["rlinf shm"][n] = group.rlinf_sync(n, args.rounds, False).wait()[0]
+        results["rlinf shm views"][n] = group.rlinf_sync(n, args.rounds, False, True).wait()[0]
         results["rlinf TCP"][n] = group.rlinf_sync(n, args.rounds, True).wait()[0]
         results["Ray object store"][n] = ray.get(source.sync.remote(receivers[:n], args.rounds))
         results["torch gloo"][n] = group.gloo_sync(n, args.rounds).wait()[0]
         print(f"N={n}: " + ", ".join(f"{k} {v[n]:.3f} s" for k, v in results.items()), flush=True)
 
-    shm, tcp, ray_t, gloo = (results[k] for k in results)
-    rows = [[n, shm[n], tcp[n], ray_t[n], gloo[n], ray_t[n] / shm[n], gloo[n] / shm[n], gloo[n] / tcp[n]]
-            for n in ns]
+    shm, tcp, ray_t, gloo, views = (results[k] for k in results)
+    rows = [[n, shm[n], tcp[n], views[n], ray_t[n], gloo[n], ray_t[n] / shm[n], gloo[n] / shm[n], gloo[n] / tcp[n],
+             ray_t[n] / views[n]] for n in ns]
     print_table(f"Weight sync: {args.size_mb} MiB in {args.tensors} tensors, one source to N receivers on this host "
                 f"(seconds, median of {args.rounds})",
-                ["N", "rlinf shm", "rlinf TCP", "Ray store", "gloo", "Ray/shm", "gloo/shm", "gloo/TCP"], rows)
+                ["N", "rlinf shm", "rlinf TCP", "shm views", "Ray store", "gloo", "Ray/shm", "gloo/shm", "gloo/TCP",
+                 "Ray/views"], rows)
+    print(f"(not a target) rlinf shm views: time at N={max(ns)} / time at N={min(ns)}: "
+          f"{views[max(ns)] / views[min(ns)]:.2f}")
     save_line_plot("weights", f"Broadcast of {args.size_mb} MiB in {args.tensors} tensors",
                    ns, {k: [v[n] for n in ns] for k, v in results.items()}, "seconds (lower is better)")
     lo = min(ns)

@@ -445,27 +445,35 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
     for t in threads:
         t.start()
     seg = None
-    if shm_children:
-        from .shm import DATA_OFFSET, parallel_copy
-
-        seg = state.acquire_segment(max(total, 1))
-        for b, off in zip(buffers, offsets):
-            if b.nbytes:
-                parallel_copy(seg.view[DATA_OFFSET + off : DATA_OFFSET + off + b.nbytes], np.frombuffer(b, np.uint8))
-        shm_meta = _dumps({**meta, "segment": DATA_OFFSET + seg.capacity})
-        for c in shm_children:
-            c.send_fds([shm_meta], [seg.fd], deadline)
     errors = []
-    for c in shm_children:
-        errors += c.acknowledgement(deadline)
-    if seg is not None:  # reused only if no receiver maps it any more (or may still read it)
-        state.release_segment(seg, reusable=not any(e["kind"] == "timeout" for e in errors)
-                              and not any(c.kept for c in shm_children))
-    for t in threads:
-        t.join()  # bounded: every send in _stream has the deadline
-    for c in children:
-        if c not in shm_children:
+    try:
+        if shm_children:
+            from .shm import DATA_OFFSET, parallel_copy
+
+            seg = state.acquire_segment(max(total, 1))
+            for b, off in zip(buffers, offsets):
+                if b.nbytes:
+                    parallel_copy(seg.view[DATA_OFFSET + off : DATA_OFFSET + off + b.nbytes], np.frombuffer(b, np.uint8))
+            shm_meta = _dumps({**meta, "segment": DATA_OFFSET + seg.capacity})
+            for c in shm_children:
+                c.send_fds([shm_meta], [seg.fd], deadline)
+        for c in shm_children:
             errors += c.acknowledgement(deadline)
+        if seg is not None:  # reused only if no receiver maps it any more (or may still read it)
+            state.release_segment(seg, reusable=not any(e["kind"] == "timeout" for e in errors)
+                                  and not any(c.kept for c in shm_children))
+            seg = None
+        for t in threads:
+            t.join()  # bounded: every send in _stream has the deadline
+        for c in children:
+            if c not in shm_children:
+                errors += c.acknowledgement(deadline)
+    finally:  # on an unexpected error: receivers see their link close at once, the segment is not reused
+        if seg is not None:
+            seg.close()
+        for c in children:
+            if c.link is not None:
+                c.link.close()
     _raise(comm, errors, timeout)
     return obj
 
