@@ -128,10 +128,15 @@ def broadcast_members(groups) -> list:
     return members
 
 
-def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tuple] = None, async_op=False, options=None, timeout=None):
+def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tuple] = None, async_op=False, options=None,
+              timeout=None, out=None):
     """The source sends its object to every other listed worker; everyone returns it.
 
     ``src`` defaults to the first worker of the expanded ``groups`` list.
+    ``out`` (receivers; ignored on the source): a tensor, or a dict, list or
+    tuple of tensors, filled in place with what the source broadcast and
+    returned; shapes and dtypes are checked against the source's before any
+    byte is written.  See ``broadcast.py`` for how the payload travels.
     """
     members = broadcast_members(groups)
     if src is None:
@@ -140,10 +145,22 @@ def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tupl
         if not isinstance(src, (tuple, list)) or len(src) != 2:
             raise ValueError(f"broadcast: src must be (group_name, rank), got {src!r}")
         src_addr = resolve_address(*src)
+    if options is not None and not isinstance(options, CollectiveGroupOptions):
+        raise TypeError(f"options must be a CollectiveGroupOptions, got {type(options).__name__}")
+    _check_out(out)
     comm = local_communicator(create=True)
     me = comm.address
     if me not in members and me != src_addr:
         raise ValueError(f"{me.get_name()!r} calls broadcast but is not among its groups {groups}")
+    if options is not None and timeout is None:
+        timeout = options.timeout
+    transport = options.transport if options is not None else None
+    if comm.transport_name(transport) == "cpu":
+        from . import broadcast as fast
+
+        return fast.broadcast(comm, obj, members, src_addr, None if me == src_addr else out, transport,
+                              config.resolve_timeout(timeout), async_op)
+    # another transport (a device or MPI plugin): one send per receiver through it
     if me == src_addr:
         works = [
             send(obj, dst.group_key, dst.rank, async_op=True, options=options, timeout=timeout)
@@ -152,4 +169,21 @@ def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tupl
         ]
         gathered = AsyncWork.gather(works, obj, "broadcast")
         return gathered if async_op else gathered.wait()
-    return recv(src_addr.group_key, src_addr.rank, async_op=async_op, options=options, timeout=timeout)
+    got = recv(src_addr.group_key, src_addr.rank, async_op=async_op, options=options, timeout=timeout)
+    if out is None:
+        return got
+    from .broadcast import copy_into
+
+    if async_op:
+        return got.then(lambda value: copy_into(value, out, me.get_name()))
+    return copy_into(got, out, me.get_name())
+
+
+def _check_out(out) -> None:
+    if out is None:
+        return
+    torch = __import__("sys").modules.get("torch")
+    values = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else [out]
+    if torch is None or not all(isinstance(v, torch.Tensor) for v in values):
+        raise TypeError(f"broadcast: out= must be a tensor, or a dict, list or tuple of tensors; got "
+                        f"{type(out).__name__}")

@@ -101,6 +101,9 @@ class Communicator:
                 self._transports[entry.name] = transport
             except Exception as exc:
                 log.warning("transport %r could not start listening here: %s", entry.name, exc)
+        from . import broadcast
+
+        broadcast.install(self)  # broadcast connections arrive as a service (see broadcast.py)
 
     def endpoints(self) -> dict:
         return dict(self._endpoints)
@@ -520,6 +523,9 @@ class Communicator:
         return self._run(pair, op, async_op, "receiving a tensor from", peer, timeout)
 
     def close(self) -> None:
+        state = getattr(self, "broadcast_state", None)
+        if state is not None:
+            state.close()
         for transport in self._transports.values():
             transport.close()
 

@@ -255,6 +255,39 @@ class SocketLink(Link):
         if fds:
             self._pool.sent(seg)
 
+    def send_fds(self, inline: Sequence, fds: Sequence[int], deadline: Optional[float]) -> None:
+        """Send ``inline`` frames with descriptors riding along (``SCM_RIGHTS``); the caller keeps its own.
+
+        The receiver collects them with ``take_fds`` after receiving the
+        message.  ``broadcast`` hands one shared-memory segment, written once,
+        to several receivers this way.  Same-host links only.
+        """
+        if not self.local:
+            raise ValueError("descriptors travel over same-host links only")
+        if self._wbroken is not None:
+            raise ConnectionError(f"the connection is unusable: {self._wbroken}")
+        views = [memoryview(f).cast("B") for f in inline]
+        descs = [_FRAME.pack(INLINE, 0, 0, v.nbytes) for v in views]
+        header = b"".join([_HEADER.pack(KIND_DATA, 0, len(descs), 0, 0), *descs])
+        progress = [0]
+        with self._wlock:
+            try:
+                self._send_all([header, *[v for v in views if v.nbytes]], list(fds), deadline, progress)
+            except BaseException as exc:
+                if progress[0]:
+                    self._wbroken = f"a send failed midway ({type(exc).__name__})"
+                    try:
+                        self.sock.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+                raise
+
+    def take_fds(self) -> list[int]:
+        """Descriptors that arrived with the messages received so far and no segment claimed; the caller owns them."""
+        with self._rlock:
+            fds, self._fds = self._fds, []
+            return fds
+
     def _send_all(self, pending: list, fds: list[int], deadline: Optional[float], progress: list) -> None:
         sock = self.sock
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []

@@ -102,6 +102,22 @@ def map_shared(fd: int, size: int):
     return buf
 
 
+def map_private(fd: int, size: int):
+    """Map ``size`` bytes of ``fd`` copy-on-write: reads share the file's pages, writes stay in this process.
+
+    ``broadcast`` hands receivers zero-copy tensors this way: each may write
+    to its own without the others (or the writer of the segment) seeing it.
+    The source never rewrites a segment a receiver still maps this way.
+    """
+    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
+    buf = (ctypes.c_char * size).from_address(addr)
+    weakref.finalize(buf, _libc.munmap, addr, size)
+    return buf
+
+
 class Segment:
     __slots__ = ("seg_id", "capacity", "fd", "mm", "view")
 

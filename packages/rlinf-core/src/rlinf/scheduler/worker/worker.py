@@ -185,9 +185,14 @@ class Worker:
         async_op: bool = False,
         options: Optional["CollectiveGroupOptions"] = None,
         timeout: Optional[float] = None,
+        out: Any = None,
     ):
-        """Every listed worker calls this; the source's object is returned everywhere."""
-        return _p2p().broadcast(object, groups=groups, src=src, async_op=async_op, options=options, timeout=timeout)
+        """Every listed worker calls this; the source's object is returned everywhere.
+
+        ``out`` (on receivers): a tensor or a dict/list/tuple of tensors to fill in place (and return).
+        """
+        return _p2p().broadcast(object, groups=groups, src=src, async_op=async_op, options=options, timeout=timeout,
+                                out=out)
 
     # -- channels -----------------------------------------------------------------
     def create_channel(self, name: Optional[str] = None, node_id: Optional[int] = None, maxsize: int = 0, **aliases):

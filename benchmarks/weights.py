@@ -1,0 +1,208 @@
+"""Weight sync: one trainer broadcasts a state dict to N rollout workers on this host, same run.
+
+    hatch run bench weights [--size-mb 512] [--tensors 64] [--ns 1,2,4,8] [--rounds 3]
+
+* rlinf shm: ``broadcast(state_dict)`` on the trainer, ``broadcast(out=own_state_dict)``
+  on each receiver (filled in place); the payload is written once into shared memory.
+* rlinf TCP: the same with ``RLINF_CPU_LOCAL=0`` (a chunked, pipelined chain).
+* rlinf shm views: ``broadcast(groups=...)`` without ``out=``: receivers get copy-on-write
+  views of the segment (no copy; the like of Ray's zero-copy reads), kept until the next round.
+* Ray object store: ``ray.put`` of the state dict as numpy arrays once, ``ray.get`` in
+  every receiver (zero-copy reads on one node: the receivers touch nothing).
+* torch gloo: ``dist.broadcast`` of every tensor (asynchronously, then waited for) in a
+  gloo process group of N+1 processes, into the receivers' existing tensors.
+
+Times run from the trainer's call until every receiver has the weights (rlinf's
+source returns once all have acknowledged; gloo and Ray end with a barrier / the
+receivers' replies).  Median of ``--rounds`` after one warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from common import RESULTS, Target, add_run_options, close_cluster, local_cluster, parse, print_table
+
+from rlinf.scheduler import NodePlacementStrategy, Worker
+
+MiB = 1 << 20
+NAME = "bench_weights"
+
+
+def _state_dict(size_mb: int, tensors: int, fill: float):
+    import torch
+
+    per = max(1, size_mb * MiB // tensors // 4)
+    return {f"layer{i}.weight": torch.full((per,), fill + i) for i in range(tensors)}
+
+
+class WeightWorker(Worker):
+    """Rank 0 is the trainer; ranks 1..N the rollout workers."""
+
+    def __init__(self, size_mb: int, tensors: int):
+        super().__init__()
+        self.sd = _state_dict(size_mb, tensors, 1.0 if self._rank == 0 else 0.0)
+        self.subgroups = {}
+
+    def rlinf_sync(self, n: int, rounds: int, tcp: bool, views: bool = False):
+        os.environ["RLINF_CPU_LOCAL"] = "0" if tcp else "1"
+        if self._rank > n:
+            return None
+        groups = [(NAME, list(range(n + 1)))]
+        times = []
+        kept = None
+        for i in range(rounds + 1):
+            start = time.perf_counter()
+            if self._rank == 0:
+                self.broadcast(self.sd, groups=groups, timeout=600)
+            elif views:
+                kept = self.broadcast(groups=groups, timeout=600)  # replaces the previous round's views
+            else:
+                self.broadcast(groups=groups, out=self.sd, timeout=600)
+            times.append(time.perf_counter() - start)
+        if kept is not None:
+            first = next(iter(kept.values()))
+            assert float(first[0]) == 1.0 and float(first[-1]) == 1.0, "the weights did not arrive"
+            return statistics.median(times[1:])
+        if self._rank:
+            first = next(iter(self.sd.values()))
+            assert float(first[0]) == 1.0 and float(first[-1]) == 1.0, "the weights did not arrive"
+        return statistics.median(times[1:])
+
+    def init_gloo(self, ns):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        for n in ns:  # every rank takes part in creating every subgroup
+            self.subgroups[n] = dist.new_group(list(range(n + 1)))
+        return True
+
+    def gloo_sync(self, n: int, rounds: int):
+        import torch.distributed as dist
+
+        if self._rank > n:
+            return None
+        group = self.subgroups[n]
+        times = []
+        for _ in range(rounds + 1):
+            start = time.perf_counter()
+            works = [dist.broadcast(t, 0, group=group, async_op=True) for t in self.sd.values()]
+            for w in works:
+                w.wait()
+            dist.barrier(group=group)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])
+
+    def memory_mb(self):
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("VmRSS")).split()[1]) // 1024
+
+
+class RayReceiver:
+    def get(self, refs):
+        import ray
+
+        arrays = ray.get(refs[0])  # zero-copy views into the object store
+        return len(arrays)
+
+
+class RaySource:
+    def __init__(self, size_mb: int, tensors: int):
+        self.arrays = {k: v.numpy() for k, v in _state_dict(size_mb, tensors, 1.0).items()}
+
+    def sync(self, receivers, rounds: int):
+        import ray
+
+        times = []
+        for _ in range(rounds + 1):
+            start = time.perf_counter()
+            ref = ray.put(self.arrays)
+            ray.get([r.get.remote([ref]) for r in receivers])
+            times.append(time.perf_counter() - start)
+            del ref
+        return statistics.median(times[1:])
+
+
+def save_line_plot(name: str, title: str, ns: list, series: dict, ylabel: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(RESULTS, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, values in series.items():
+        ax.plot(ns, values, marker="o", label=label)
+    ax.set_xticks(ns)
+    ax.set_xlabel("receivers (N)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    path = os.path.join(RESULTS, f"{name}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot written to {path}")
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size-mb", type=int, default=512, help="state dict size in MiB")
+    parser.add_argument("--tensors", type=int, default=64)
+    parser.add_argument("--ns", default="1,2,4,8", help="receiver counts")
+    parser.add_argument("--rounds", type=int, default=3)
+    add_run_options(parser, size_mb=8, tensors=4, ns="1,2", rounds=1)
+    args = parse(parser, argv)
+    ns = [int(n) for n in args.ns.split(",")]
+    top = max(ns)
+
+    import ray
+
+    cluster = local_cluster()
+    group = WeightWorker.create_group(args.size_mb, args.tensors).launch(
+        cluster, NodePlacementStrategy([0] * (top + 1)), name=NAME)
+    group.init_gloo(ns).wait()
+    source = ray.remote(num_cpus=0.01)(RaySource).remote(args.size_mb, args.tensors)
+    receivers = [ray.remote(num_cpus=0.01)(RayReceiver).remote() for _ in range(top)]
+
+    results = {k: {} for k in ("rlinf shm", "rlinf TCP", "Ray object store", "torch gloo", "rlinf shm views")}
+    for n in ns:
+        results["rlinf shm"][n] = group.rlinf_sync(n, args.rounds, False).wait()[0]
+        results["rlinf shm views"][n] = group.rlinf_sync(n, args.rounds, False, True).wait()[0]
+        results["rlinf TCP"][n] = group.rlinf_sync(n, args.rounds, True).wait()[0]
+        results["Ray object store"][n] = ray.get(source.sync.remote(receivers[:n], args.rounds))
+        results["torch gloo"][n] = group.gloo_sync(n, args.rounds).wait()[0]
+        print(f"N={n}: " + ", ".join(f"{k} {v[n]:.3f} s" for k, v in results.items()), flush=True)
+
+    shm, tcp, ray_t, gloo, views = (results[k] for k in results)
+    rows = [[n, shm[n], tcp[n], views[n], ray_t[n], gloo[n], ray_t[n] / shm[n], gloo[n] / shm[n], gloo[n] / tcp[n],
+             ray_t[n] / views[n]] for n in ns]
+    print_table(f"Weight sync: {args.size_mb} MiB in {args.tensors} tensors, one source to N receivers on this host "
+                f"(seconds, median of {args.rounds})",
+                ["N", "rlinf shm", "rlinf TCP", "shm views", "Ray store", "gloo", "Ray/shm", "gloo/shm", "gloo/TCP",
+                 "Ray/views"], rows)
+    print(f"(not a target) rlinf shm views: time at N={max(ns)} / time at N={min(ns)}: "
+          f"{views[max(ns)] / views[min(ns)]:.2f}")
+    save_line_plot("weights", f"Broadcast of {args.size_mb} MiB in {args.tensors} tensors",
+                   ns, {k: [v[n] for n in ns] for k, v in results.items()}, "seconds (lower is better)")
+    lo = min(ns)
+    targets = [
+        Target(f"N={top}: Ray object store time / rlinf shm time", ray_t[top] / shm[top], ">=", 1.0),
+        Target(f"N={top}: torch gloo time / rlinf shm time", gloo[top] / shm[top], ">=", 3.0),
+        Target(f"rlinf shm: time at N={top} / time at N={lo}", shm[top] / shm[lo], "<=", 2.0),
+        Target(f"N={top}: torch gloo time / rlinf TCP time", gloo[top] / tcp[top], ">=", 3.0),
+        Target(f"rlinf TCP: time at N={top} / time at N={lo}", tcp[top] / tcp[lo], "<=", 2.0),
+    ]
+    group.stop()
+    close_cluster(cluster)
+    return targets
+
+
+if __name__ == "__main__":
+    main()

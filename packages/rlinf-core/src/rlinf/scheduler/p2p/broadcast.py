@@ -1,0 +1,660 @@
+"""``broadcast``: one source, many receivers, the payload written once.
+
+Every participant derives the same plan from the member list and the group
+registry (no round of messages decides it):
+
+* receivers on the source's host (unless ``RLINF_CPU_LOCAL=0``) connect to
+  the source over its Unix socket.  The source writes the payload once into
+  a ``memfd`` segment and hands that same segment to each of them
+  (``SocketLink.send_fds``, ``SCM_RIGHTS``).  A receiver with ``out=``
+  copies out of it (in parallel with the others); one without maps it
+  copy-on-write and gets tensors that are views of it (zero copies; its
+  writes stay its own).  The source keeps the segment for the next broadcast
+  (memory already faulted in) when every receiver copied out; a segment a
+  receiver still maps is never written again, and the kernel frees it when
+  the last view is gone.
+* the others form a chain, grouped by host: each connects to its
+  predecessor (the source for the first), receives the payload in chunks of
+  ``RLINF_BROADCAST_CHUNK_MB`` straight into its destination (its own
+  socket, no read-ahead copy) and forwards every chunk to its successor as
+  soon as it has it, so the whole takes about one transfer plus a chunk per
+  hop, however long the chain.
+
+Receivers connect *upstream*, to the worker that feeds them; the feeding
+side finds the connection in its inbox (a communicator service) and serves
+it.  Acknowledgements travel back up the same links and carry the failures
+seen below (a receiver that refused ``out=``, one that died or timed out),
+so the source reports every receiver that did not get the payload, by name,
+within the operation's timeout.  A receiver that dies mid-way closes its
+link: its feeder sees that at once, keeps draining its own input (nothing
+stalls upstream) and reports it.
+
+``out=`` receives in place: the source describes each tensor (key, dtype,
+shape) before any data, and a receiver checks its containers against that
+description before it writes a byte.  A mismatch is refused with an error
+naming the key; the receiver still relays the payload to its successor.
+
+Broadcasts of one process run one at a time, in call order (``async_op``
+ones on a serial thread), so a process's connections to a peer pair up
+with that peer's calls in order.  Objects holding device tensors, and
+broadcasts through a transport other than ``cpu``, take the point-to-point
+path (one send per receiver).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import CommTimeoutError, CommunicationError, PeerDiedError
+from . import codec, device_routing
+from .async_work import AsyncWork
+from .ordering import SerialRunner, Turnstile
+
+SERVICE = "rlinf-broadcast"
+CHUNK_ENV = "RLINF_BROADCAST_CHUNK_MB"
+LOCAL_ENV = "RLINF_CPU_LOCAL"
+_ALIGN = 64
+#: seconds between liveness probes of a peer that has not joined yet
+PROBE_INTERVAL = 1.0
+
+
+def _chunk_bytes() -> int:
+    return max(1 << 16, int(float(os.environ.get(CHUNK_ENV, "4")) * (1 << 20)))
+
+
+def _layout(sizes: list) -> tuple[list, int]:
+    offsets, pos = [], 0
+    for n in sizes:
+        offsets.append(pos)
+        pos += -(-n // _ALIGN) * _ALIGN
+    return offsets, pos
+
+
+# -- per-process state ---------------------------------------------------------------
+class _State:
+    """One communicator's broadcast inbox, call order and reusable segment."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.inbox: dict[str, list] = {}  # connecting peer -> [(seq, link)], lowest seq first
+        self.seq: dict[str, int] = {}  # peer -> seq of our next connection to it
+        self.turnstile = Turnstile()
+        self.runner = SerialRunner("rlinf-broadcast")
+        self.segment = None  # a free segment kept for the next broadcast (source side)
+        self.segment_lock = threading.Lock()
+        self.next_seg_id = 1 << 31  # apart from the ids of a link's own pool
+
+    def accept(self, link, info: dict) -> None:
+        """A peer connected to be fed by us (called on the handshake thread: never blocks)."""
+        try:
+            peer, seq = str(info["src"]), int(info["seq"])
+        except (KeyError, TypeError, ValueError):
+            link.close()
+            return
+        stale = []
+        with self.cond:
+            entries = self.inbox.setdefault(peer, [])
+            for entry in list(entries):
+                if entry[1].peer_closed():  # a peer that gave up on an earlier broadcast
+                    entries.remove(entry)
+                    stale.append(entry[1])
+            entries.append((seq, link))
+            entries.sort(key=lambda e: e[0])
+            self.cond.notify_all()
+        for old in stale:
+            old.close()
+
+    def take(self, comm, addr, deadline: float):
+        """The link ``addr`` opened to us for this broadcast; probes it while waiting."""
+        name = addr.get_name()
+        record = comm._lookup(addr)
+        next_probe = time.monotonic() + PROBE_INTERVAL
+        while True:
+            stale = []
+            with self.cond:
+                link = None
+                entries = self.inbox.get(name)
+                while entries:
+                    _seq, candidate = entries.pop(0)
+                    if candidate.peer_closed():
+                        stale.append(candidate)
+                        continue
+                    link = candidate
+                    break
+                if link is None:
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise TimeoutError("it did not join the broadcast")
+                    if now < next_probe:
+                        self.cond.wait(min(next_probe, deadline) - now)
+            for old in stale:
+                old.close()
+            if link is not None:
+                return link
+            if time.monotonic() >= next_probe:
+                record = comm._check_alive(addr, record, "cpu")  # raises ConnectionError once it is gone
+                next_probe = time.monotonic() + PROBE_INTERVAL
+
+    def connect(self, comm, addr, deadline: float):
+        """Open a link to ``addr``, which feeds us in this broadcast."""
+        name = addr.get_name()
+        with self.cond:
+            seq = self.seq.get(name, 0)
+            self.seq[name] = seq + 1
+        hello = json.dumps({"service": SERVICE, "src": comm.name, "seq": seq}).encode()
+        transport = comm._transports["cpu"]
+        try:
+            return transport.connect(comm._lookup(addr).endpoints["cpu"], hello, deadline)
+        except (ConnectionError, OSError) as exc:
+            if isinstance(exc, TimeoutError):
+                raise
+            # its group may have been relaunched under the same name: look again, once
+            return transport.connect(comm._lookup(addr, refresh=True).endpoints["cpu"], hello, deadline)
+
+    def acquire_segment(self, nbytes: int):
+        from .shm import create_segment
+
+        with self.segment_lock:
+            seg, self.segment = self.segment, None
+            if seg is not None and nbytes <= seg.capacity <= max(2 * nbytes, nbytes + (8 << 20)):
+                return seg
+            if seg is not None:
+                seg.close()
+            self.next_seg_id += 1
+            return create_segment(self.next_seg_id, nbytes)
+
+    def release_segment(self, seg, reusable: bool) -> None:
+        """Keep ``seg`` for the next broadcast, or free it (a receiver that timed out may still read it)."""
+        if not reusable:
+            seg.close()
+            return
+        with self.segment_lock:
+            old, self.segment = self.segment, seg
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        with self.segment_lock:
+            seg, self.segment = self.segment, None
+        if seg is not None:
+            seg.close()
+        with self.cond:
+            links = [link for entries in self.inbox.values() for _s, link in entries]
+            self.inbox.clear()
+        for link in links:
+            link.close()
+
+
+def install(comm) -> None:
+    """Give ``comm`` its broadcast state and route broadcast connections to it."""
+    comm.broadcast_state = _State()
+    comm.add_service(SERVICE, comm.broadcast_state.accept)
+
+
+# -- the payload ----------------------------------------------------------------------
+@dataclass
+class _Payload:
+    meta: dict
+    buffers: list  # memoryviews, in codec order
+
+
+def _tensor_items(obj) -> Optional[tuple[str, list]]:
+    """``(container, [(key, tensor)])`` for a tensor or a non-empty dict/list/tuple of CPU tensors."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    if isinstance(obj, torch.Tensor):
+        container, items = "tensor", [(None, obj)]
+    elif isinstance(obj, dict) and obj:
+        container, items = "dict", list(obj.items())
+    elif isinstance(obj, (list, tuple)) and obj:
+        container, items = "list", list(enumerate(obj))
+    else:
+        return None
+    for _k, t in items:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized:
+            return None
+    return container, items
+
+
+def _describe(obj) -> str:
+    return type(obj).__name__
+
+
+def encode(obj: Any) -> _Payload:
+    """The object as a codec header plus buffers, and for tensor containers a per-key description."""
+    header, buffers = codec.encode(obj)
+    buffers = [memoryview(b).cast("B") for b in buffers]
+    meta = {"form": "object", "header": header, "sizes": [b.nbytes for b in buffers], "entries": None,
+            "what": _describe(obj), "chunk": _chunk_bytes()}
+    found = _tensor_items(obj)
+    if found is not None:
+        container, items = found
+        index: dict[int, int] = {}
+        entries = []
+        for key, t in items:
+            i = index.setdefault(id(t), len(index))
+            entries.append((key, i, codec._dtype_name(t.dtype), tuple(t.shape)))
+        sizes = meta["sizes"]
+        nbytes = {i: t.numel() * t.element_size() for (_k, t), (_k2, i, _d, _s) in zip(items, entries)}
+        if len(sizes) == len(index) and all(sizes[i] == n for i, n in nbytes.items()):
+            meta.update(form="tensors", container=container, entries=entries)
+    return _Payload(meta, buffers)
+
+
+def _dumps(meta: dict) -> bytes:
+    try:
+        return pickle.dumps(meta, protocol=5)
+    except Exception:  # keys of a class pickle cannot name
+        import cloudpickle
+
+        return cloudpickle.dumps(meta, protocol=5)
+
+
+def _targets_for_out(out, meta: dict, me: str) -> list:
+    """For each buffer, the byte views of the ``out`` tensors it fills; raises before anything is written."""
+    torch = sys.modules.get("torch")
+    entries = meta.get("entries")
+    if entries is None:
+        raise ValueError(f"{me}: broadcast(out=...) needs the source to broadcast a tensor, or a dict, list or tuple "
+                         f"of CPU tensors; it broadcast a {meta.get('what')}")
+    container = meta["container"]
+    if container == "dict":
+        if not isinstance(out, dict):
+            raise TypeError(f"{me}: broadcast(out=...): the source broadcast a dict of tensors, out= is a "
+                            f"{type(out).__name__}")
+        keys = [e[0] for e in entries]
+        missing = [k for k in keys if k not in out]
+        extra = [k for k in out if k not in set(keys)]
+        if missing or extra:
+            raise ValueError(f"{me}: broadcast(out=...): the keys differ from the source's: missing in out= "
+                             f"{missing[:8]}, not sent by the source {extra[:8]}")
+    elif container == "list":
+        if not isinstance(out, (list, tuple)) or len(out) != len(entries):
+            raise ValueError(f"{me}: broadcast(out=...): the source broadcast a list of {len(entries)} tensors, out= "
+                             f"is a {type(out).__name__}"
+                             f"{f' of {len(out)}' if isinstance(out, (list, tuple)) else ''}")
+    targets: list = [[] for _ in meta["sizes"]]
+    for key, i, dtype, shape in entries:
+        t = out if container == "tensor" else out[key]
+        name = "out=" if container == "tensor" else f"out[{key!r}]"
+        if torch is None or not isinstance(t, torch.Tensor):
+            raise TypeError(f"{me}: broadcast: {name} is a {type(t).__name__}, not a tensor")
+        if codec._dtype_name(t.dtype) != dtype or tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{me}: broadcast: {name} is a {tuple(t.shape)} {codec._dtype_name(t.dtype)} tensor, "
+                             f"the source sent {tuple(shape)} {dtype}")
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"{me}: broadcast: {name} must be a contiguous CPU tensor")
+        targets[i].append(np.frombuffer(codec.tensor_bytes(t), dtype=np.uint8) if t.numel() else None)
+    return targets
+
+
+def copy_into(obj: Any, out: Any, me: str) -> Any:
+    """Copy a received object into ``out`` (the paths that did not receive into it directly)."""
+    meta = encode(obj).meta if _tensor_items(obj) is not None else {"entries": None, "what": _describe(obj),
+                                                                       "sizes": []}
+    targets = _targets_for_out(out, meta, me)
+    for (key, i, _d, _s) in meta["entries"]:
+        src = obj if meta["container"] == "tensor" else obj[key]
+        if src.numel():
+            src_bytes = np.frombuffer(codec.tensor_bytes(src.contiguous()), dtype=np.uint8)
+            for dst in targets[i]:
+                np.copyto(dst, src_bytes)
+    return out
+
+
+# -- failures -------------------------------------------------------------------------
+def _failure(comm, addr_name: str, addr, exc: BaseException, what: str) -> dict:
+    who = comm._describe(addr) if addr is not None else repr(addr_name)
+    if isinstance(exc, CommunicationError):
+        kind = "timeout" if isinstance(exc, TimeoutError) else "died" if isinstance(exc, PeerDiedError) else "refused"
+        return {"who": addr_name, "kind": kind, "text": str(exc)}
+    if isinstance(exc, TimeoutError):
+        return {"who": addr_name, "kind": "timeout", "text": f"{what} {who} timed out"}
+    if isinstance(exc, (ConnectionError, OSError)):
+        return {"who": addr_name, "kind": "died", "text": f"{what} {who} failed: {exc}"}
+    return {"who": addr_name, "kind": "refused", "text": f"{who}: {type(exc).__name__}: {exc}"}
+
+
+def _raise(comm, errors: list, timeout: float) -> None:
+    if not errors:
+        return
+    kinds = {e["kind"] for e in errors}
+    cls = PeerDiedError if "died" in kinds else CommTimeoutError if "timeout" in kinds else CommunicationError
+    from ..address import WorkerAddress
+
+    names = "; ".join(comm._describe(WorkerAddress.from_name(n)) for n in sorted({e["who"] for e in errors}))
+    text = "; ".join(e["text"] for e in errors[:8])
+    raise cls(f"{comm.name}: broadcast (timeout {timeout:g} s) did not reach {names}: {text}", peer=errors[0]["who"])
+
+
+class _Child:
+    """A receiver we feed: its link, and the first failure seen on it (not raised: we keep serving the others)."""
+
+    def __init__(self, comm, addr):
+        self.comm, self.addr, self.name = comm, addr, addr.get_name()
+        self.link = None
+        self.error: Optional[dict] = None
+        self.kept = False  # it keeps views of our segment (set by its acknowledgement)
+
+    def join(self, state: _State, deadline: float) -> None:
+        try:
+            self.link = state.take(self.comm, self.addr, deadline)
+        except Exception as exc:
+            self.error = _failure(self.comm, self.name, self.addr, exc, "waiting for")
+
+    def send(self, frames: list, deadline: float) -> None:
+        if self.link is None:
+            return
+        try:
+            self.link.send(frames, deadline)
+        except Exception as exc:
+            self._fail(exc, "sending to")
+
+    def send_fds(self, frames: list, fds: list, deadline: float) -> None:
+        if self.link is None:
+            return
+        try:
+            self.link.send_fds(frames, fds, deadline)
+        except Exception as exc:
+            self._fail(exc, "sending to")
+
+    def _fail(self, exc: BaseException, what: str) -> None:
+        self.error = self.error or _failure(self.comm, self.name, self.addr, exc, what)
+        link, self.link = self.link, None
+        link.close()
+
+    def acknowledgement(self, deadline: float) -> list:
+        """The failures at and below this child (empty: all got it); closes the link."""
+        self.kept = False
+        if self.link is not None:
+            try:
+                _raw, frames = self.link.recv(deadline)
+                ack = pickle.loads(bytes(frames[0]))
+                errors, self.kept = ack["errors"], ack.get("kept", False)
+            except Exception as exc:
+                self._fail(exc, "waiting for the acknowledgement of")
+            else:
+                self.link.close()
+                self.link = None
+                return errors
+        return [self.error] if self.error else []
+
+
+# -- the plan ---------------------------------------------------------------------------
+def _plan(comm, members: list, src) -> tuple[dict, dict]:
+    """``(parent, child)`` by receiver name: whom each receiver connects to, and whom it feeds."""
+    local_ok = os.environ.get(LOCAL_ENV, "1") != "0"
+
+    def host(addr):
+        return comm._lookup(addr).endpoints.get("cpu", {}).get("host")
+
+    src_host = host(src)
+    direct, chain = [], []
+    for r in members:
+        if r == src:
+            continue
+        h = host(r)
+        (direct if local_ok and h == src_host else chain).append((h, r))
+    order: dict = {}
+    for h, _r in chain:
+        order.setdefault(h, len(order))
+    chain_addrs = [r for _h, r in sorted(chain, key=lambda e: order[e[0]])]
+    parent = {r.get_name(): src for _h, r in direct}
+    child: dict = {}
+    prev = src
+    for r in chain_addrs:
+        parent[r.get_name()] = prev
+        if prev != src:
+            child[prev.get_name()] = r
+        prev = r
+    return parent, child
+
+
+# -- the source ------------------------------------------------------------------------------
+def _serve(comm, state: _State, obj, members, src, parent, deadline: float, timeout: float, fallback: bool):
+    children = [_Child(comm, r) for r in members if r != src and parent[r.get_name()] == src]
+    for c in children:
+        c.join(state, deadline)
+    if fallback:
+        return _serve_p2p(comm, obj, members, src, children, deadline, timeout)
+    try:
+        payload = encode(obj)
+    except Exception as exc:
+        abort = _dumps({"form": "abort", "text": f"{comm.name} could not serialize the {_describe(obj)} it "
+                                                  f"broadcast: {type(exc).__name__}: {exc}"})
+        for c in children:
+            c.send([abort], deadline)
+        raise TypeError(f"{comm.name}: cannot broadcast {_describe(obj)}: {exc}") from exc
+    meta, buffers = payload.meta, payload.buffers
+    offsets, total = _layout(meta["sizes"])
+    meta_bytes = _dumps(meta)
+    shm_children = [c for c in children if c.link is not None and getattr(c.link, "local", False)]
+    stream_children = [c for c in children if c.link is not None and c not in shm_children]
+    threads = [threading.Thread(target=_stream, args=(c, meta_bytes, buffers, meta["chunk"], deadline),
+                                name="rlinf-broadcast-send", daemon=True) for c in stream_children]
+    for t in threads:
+        t.start()
+    seg = None
+    errors = []
+    try:
+        if shm_children:
+            from .shm import DATA_OFFSET, parallel_copy
+
+            seg = state.acquire_segment(max(total, 1))
+            for b, off in zip(buffers, offsets):
+                if b.nbytes:
+                    parallel_copy(seg.view[DATA_OFFSET + off : DATA_OFFSET + off + b.nbytes], np.frombuffer(b, np.uint8))
+            shm_meta = _dumps({**meta, "segment": DATA_OFFSET + seg.capacity})
+            for c in shm_children:
+                c.send_fds([shm_meta], [seg.fd], deadline)
+        for c in shm_children:
+            errors += c.acknowledgement(deadline)
+        if seg is not None:  # reused only if no receiver maps it any more (or may still read it)
+            state.release_segment(seg, reusable=not any(e["kind"] == "timeout" for e in errors)
+                                  and not any(c.kept for c in shm_children))
+            seg = None
+        for t in threads:
+            t.join()  # bounded: every send in _stream has the deadline
+        for c in children:
+            if c not in shm_children:
+                errors += c.acknowledgement(deadline)
+    finally:  # on an unexpected error: receivers see their link close at once, the segment is not reused
+        if seg is not None:
+            seg.close()
+        for c in children:
+            if c.link is not None:
+                c.link.close()
+    _raise(comm, errors, timeout)
+    return obj
+
+
+def _stream(child: _Child, meta_bytes: bytes, buffers: list, chunk: int, deadline: float) -> None:
+    child.send([meta_bytes], deadline)
+    for b in buffers:
+        for pos in range(0, b.nbytes, chunk):
+            if child.link is None:
+                return
+            child.send([b[pos : pos + chunk]], deadline)
+
+
+def _serve_p2p(comm, obj, members, src, children, deadline: float, timeout: float):
+    """Objects holding device tensors: every receiver gets its copy point to point (device links)."""
+    note = _dumps({"form": "p2p"})
+    for c in children:
+        c.send([note], deadline)
+    left = max(0.001, deadline - time.monotonic())
+    errors = []
+    works = [(r, comm.send_object(obj, r, "cpu", left, True)) for r in members if r != src]
+    for r, w in works:
+        try:
+            w.wait(max(0.001, deadline - time.monotonic()) + 5.0)  # the send itself ends by the deadline
+        except Exception as exc:
+            errors.append(_failure(comm, r.get_name(), r, exc, "sending to"))
+    for c in children:
+        errors += c.acknowledgement(deadline)
+    _raise(comm, errors, timeout)
+    return obj
+
+
+# -- a receiver -------------------------------------------------------------------------------
+def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, deadline: float, timeout: float):
+    me = comm.name
+    feeder = parent[me]
+    try:
+        link = state.connect(comm, feeder, deadline)
+    except Exception as exc:
+        err = _failure(comm, feeder.get_name(), feeder, exc, "connecting to")
+        raise (PeerDiedError if err["kind"] == "died" else CommTimeoutError if err["kind"] == "timeout"
+               else CommunicationError)(f"{me}: broadcast: {err['text']}", peer=feeder.get_name()) from None
+    child = _Child(comm, child_of[me]) if me in child_of else None
+    own_error: Optional[BaseException] = None
+    result = None
+    kept = False
+    try:
+        try:
+            _raw, frames = link.recv(deadline)
+            meta = pickle.loads(bytes(frames[0]))
+            form = meta["form"]
+            if child is not None:
+                child.join(state, deadline)
+                child.send([frames[0]], deadline)
+            if form == "abort":
+                raise CommunicationError(f"{me}: broadcast: {meta['text']}", peer=src.get_name())
+            if form == "p2p":
+                left = max(0.001, deadline - time.monotonic())
+                result = comm.recv_object(src, "cpu", left, False)
+                if out is not None:
+                    try:
+                        result = copy_into(result, out, me)
+                    except (TypeError, ValueError) as exc:
+                        result, own_error = None, exc
+            else:
+                result, own_error, kept = _receive_payload(link, meta, child, out, me, deadline)
+        except Exception as exc:  # the feeder failed us: nothing to acknowledge to
+            err = _failure(comm, feeder.get_name(), feeder, exc, "receiving the broadcast from")
+            if child is not None and child.link is not None:
+                child._fail(ConnectionError("the broadcast broke off upstream"), "feeding")
+            cls = (PeerDiedError if err["kind"] == "died" else CommTimeoutError if err["kind"] == "timeout"
+                   else CommunicationError)
+            raise cls(f"{me}: broadcast from {src.get_name()!r}: {err['text']}", peer=feeder.get_name()) from None
+        errors = child.acknowledgement(deadline) if child is not None else []
+        if own_error is not None:
+            errors.insert(0, {"who": me, "kind": "refused", "text": str(own_error)})
+        try:
+            link.send([pickle.dumps({"errors": errors, "kept": kept})], deadline)
+        except Exception:
+            pass  # the feeder is gone: it reports that itself
+    finally:
+        link.close()
+    if own_error is not None:
+        raise own_error
+    return result
+
+
+def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, deadline: float):
+    """Fill the destination from shared memory or from the stream; ``(result, refusal, kept)``.
+
+    ``kept``: the result holds views of the source's segment (copy-on-write).
+    """
+    from .shm import DATA_OFFSET, map_private, map_shared, parallel_copy
+
+    sizes = meta["sizes"]
+    offsets, total = _layout(sizes)
+    refusal = None
+    targets = None
+    if out is not None:
+        try:
+            targets = _targets_for_out(out, meta, me)
+        except (TypeError, ValueError) as exc:
+            refusal = exc
+    if "segment" in meta:  # the source wrote it once into a segment we share
+        fds = link.take_fds()
+        if not fds:
+            raise ConnectionError("the shared-memory segment arrived without its descriptor")
+        try:
+            if refusal is not None:
+                return None, refusal, False
+            if targets is None:  # zero copies: views of a copy-on-write mapping
+                whole = np.frombuffer(map_private(fds[0], meta["segment"]), dtype=np.uint8)[DATA_OFFSET:]
+                buffers = [whole[off : off + n] for off, n in zip(offsets, sizes)]
+                return codec.decode(meta["header"], buffers), None, True
+            whole = np.frombuffer(map_shared(fds[0], meta["segment"]), dtype=np.uint8)[DATA_OFFSET:]
+            for i, (off, n) in enumerate(zip(offsets, sizes)):
+                for dst in targets[i]:
+                    if dst is not None:
+                        parallel_copy(dst, whole[off : off + n])
+            del whole  # unmapped here: nothing of ours views it
+            return out, None, False
+        finally:
+            for fd in fds:
+                os.close(fd)
+    flat = None
+    if targets is None and refusal is None:
+        flat = np.empty(total, dtype=np.uint8)
+        targets = [[flat[off : off + n]] if n else [] for off, n in zip(offsets, sizes)]
+    chunk = meta["chunk"]
+    scratch = None
+    for i, n in enumerate(sizes):
+        dsts = [d for d in targets[i] if d is not None] if refusal is None else []
+        for pos in range(0, n, chunk):
+            m = min(chunk, n - pos)
+            if dsts:
+                first = dsts[0][pos : pos + m]
+            else:  # refused: still take it off the wire and pass it on
+                if scratch is None:
+                    scratch = np.empty(chunk, dtype=np.uint8)
+                first = scratch[:m]
+            link.recv_into([first], deadline)
+            if child is not None:
+                child.send([first], deadline)
+            for extra in dsts[1:]:
+                np.copyto(extra[pos : pos + m], first)
+    if refusal is not None:
+        return None, refusal, False
+    if out is not None:
+        return out, None, False
+    buffers = [flat[off : off + n] for off, n in zip(offsets, sizes)]
+    return codec.decode(meta["header"], buffers), None, False
+
+
+# -- the entry point ----------------------------------------------------------------------------
+def broadcast(comm, obj, members: list, src, out, transport: Optional[str], timeout: float, async_op: bool):
+    """Run one broadcast in this process's turn; ``members`` and ``src`` are addresses."""
+    state = getattr(comm, "broadcast_state", None)
+    if state is None:
+        raise CommunicationError(f"{comm.name}: this communicator does not serve broadcasts")
+    me = comm.address
+    ticket = state.turnstile.take()
+    plan = _plan(comm, members, src)
+    fallback = False
+    if me == src:
+        fallback = device_routing.may_hold_device_tensors(obj) and device_routing.needs_device_path(obj)
+
+    def op():
+        deadline = time.monotonic() + timeout
+        try:
+            state.turnstile.wait_turn(ticket, deadline)
+            parent, child = plan
+            if me == src:
+                return _serve(comm, state, obj, members, src, parent, deadline, timeout, fallback)
+            return _receive(comm, state, me, members, src, parent, child, out, deadline, timeout)
+        except TimeoutError as exc:
+            if isinstance(exc, CommunicationError):
+                raise
+            raise CommTimeoutError(f"{comm.name}: broadcast timed out after {timeout:g} s ({exc})") from None
+        finally:
+            state.turnstile.done(ticket)
+
+    if async_op:
+        return AsyncWork(state.runner.submit(op), "broadcast")
+    return op()

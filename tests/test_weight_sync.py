@@ -1,0 +1,201 @@
+"""Weight sync: ``broadcast`` of a state dict, received in place, over shared memory and over TCP.
+
+One group of five workers (a source, three receivers and a spare) on the session's
+Ray; ``path`` forces the links: ``shm`` (the source writes one segment all
+receivers read) or ``tcp`` (``RLINF_CPU_LOCAL=0``: a chunked chain).
+"""
+
+import os
+import time
+
+import pytest
+import torch
+
+from rlinf.scheduler import CommunicationError, NodePlacementStrategy, PeerDiedError
+
+from launcher_marks import cpu_transport_internals, survives_worker_death
+from p2p_helpers import Peer, ship
+
+PATHS = ["shm", "tcp"]
+
+
+def _use_path(path: str) -> None:
+    os.environ["RLINF_CPU_LOCAL"] = "0" if path == "tcp" else "1"
+
+
+def _counts() -> dict:
+    """This process's descriptors and memfd mappings, from /proc."""
+    with open("/proc/self/maps") as f:
+        maps = sum("memfd:" in line for line in f)
+    return {"fds": len(os.listdir("/proc/self/fd")), "memfd_maps": maps}
+
+
+def _state(step: float) -> dict:
+    """A small state dict with a tied entry (same tensor under two keys), as models with tied embeddings have."""
+    emb = torch.full((64, 32), step)
+    return {"emb": emb, "head": emb, "w": torch.arange(50000, dtype=torch.float32) + step,
+            "b": torch.full((7,), int(step), dtype=torch.int64), "empty": torch.zeros(0, 3)}
+
+
+def _zeros_like(sd: dict) -> dict:
+    out = {k: torch.zeros_like(v) for k, v in sd.items()}
+    out["head"] = out["emb"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def five(cluster):
+    """Ranks 0-3 take part; the death tests (last) kill one rank each and bring in rank 4."""
+    g = Peer.create_group().launch(cluster, NodePlacementStrategy([0] * 5), name="wsync")
+    yield g
+    g.stop()
+
+
+def _on(group, ranks, fn, *args):
+    return [group.execute_on(r).run(ship(fn), *args) for r in ranks]
+
+
+def _sync_round(w, path):
+    """Source and receivers: a dict in place, a list in place, then the plain form; returns checks."""
+    _use_path(path)
+    groups = [("wsync", [0, 1, 2, 3])]
+    if w._rank == 0:
+        for step in (1.0, 2.0):
+            w.broadcast(_state(step), groups=groups, timeout=60)
+        w.broadcast([torch.ones(5), torch.arange(3)], groups=groups, timeout=60)
+        w.broadcast({"step": 3, "t": torch.full((4,), 3.0)}, groups=groups, timeout=60)
+        return _counts()
+    out = _zeros_like(_state(0.0))
+    ptrs = {k: v.data_ptr() for k, v in out.items()}
+    seen = []
+    for step in (1.0, 2.0):
+        got = w.broadcast(groups=groups, out=out, timeout=60)
+        assert got is out
+        expect = _state(step)
+        seen.append(all(torch.equal(out[k], expect[k]) for k in expect))
+    assert {k: v.data_ptr() for k, v in out.items()} == ptrs  # filled in place
+    lst = [torch.zeros(5), torch.zeros(3, dtype=torch.int64)]
+    w.broadcast(groups=groups, out=lst, timeout=60)
+    plain = w.broadcast(groups=groups, timeout=60)
+    return seen, lst[0].tolist(), lst[1].tolist(), plain["step"], plain["t"].tolist(), _counts()
+
+
+@cpu_transport_internals
+@pytest.mark.parametrize("path", PATHS)
+def test_in_place_dict_and_list_to_three_receivers(five, path):
+    before = [r.wait(timeout=60)[0] for r in _on(five, range(4), lambda w: _counts())]
+    rounds = [[r.wait(timeout=120)[0] for r in _on(five, range(4), _sync_round, path)] for _ in range(2)]
+    for r in range(1, 4):
+        seen, l0, l1, step, t, _ = rounds[1][r]
+        assert seen == [True, True] and l0 == [1.0] * 5 and l1 == [0, 1, 2] and step == 3 and t == [3.0] * 4
+    # nothing accumulates: the second round leaves every process as the first did, and
+    # a receiver holds no mapping of the source's segment once the broadcast returned
+    for r in range(1, 4):
+        assert rounds[1][r][-1] == rounds[0][r][-1], (r, rounds)
+        assert rounds[1][r][-1]["memfd_maps"] <= before[r]["memfd_maps"] + 1, (r, before, rounds)
+    assert rounds[1][0] == rounds[0][0], rounds
+
+
+def _mismatch(w, path):
+    _use_path(path)
+    groups = [("wsync", [0, 1, 2, 3])]
+    if w._rank == 0:
+        try:
+            w.broadcast(_state(5.0), groups=groups, timeout=60)
+        except CommunicationError as exc:
+            return type(exc).__name__, str(exc)
+        return None
+    out = _zeros_like(_state(0.0))
+    if w._rank == 2:
+        out["w"] = torch.zeros(49999)  # one element short
+    try:
+        w.broadcast(groups=groups, out=out, timeout=60)
+    except ValueError as exc:
+        return str(exc), all(float(v.abs().sum()) == 0 for v in out.values())  # nothing written
+    return None, all(torch.equal(out[k], v) for k, v in _state(5.0).items())
+
+
+@cpu_transport_internals
+@pytest.mark.parametrize("path", PATHS)
+def test_mismatch_is_refused_before_any_write(five, path):
+    root, r1, r2, r3 = [r.wait(timeout=120)[0] for r in _on(five, range(4), _mismatch, path)]
+    assert r1 == (None, True) and r3 == (None, True)  # the others got it, also past the refusing one (chain)
+    text, untouched = r2
+    assert "out['w']" in text and "(49999,)" in text and "(50000,)" in text and untouched
+    kind, message = root
+    assert kind == "CommunicationError" and "rank 2" in message, root
+    assert "out['w']" in message
+
+
+def _views(w):
+    """Receivers without out= get zero-copy tensors: each one's writes stay its own, and later
+    broadcasts never write into memory an earlier result still uses."""
+    _use_path("shm")
+    groups = [("wsync", [0, 1, 2, 3])]
+    if w._rank == 0:
+        first = {"a": torch.full((1 << 18,), 1.0), "b": torch.arange(10)}
+        w.broadcast(first, groups=groups, timeout=60)
+        w.broadcast(groups=groups, timeout=60)  # the receivers' writes are done
+        first["a"].fill_(9.0)  # the source's own tensors are not shared either
+        w.broadcast({"a": torch.full((1 << 18,), 2.0), "b": torch.arange(10) * 2}, groups=groups, timeout=60)
+        return None
+    kept = w.broadcast(groups=groups, timeout=60)
+    if w._rank == 1:
+        kept["a"][:5] = -1.0
+    w.broadcast(None, groups=groups, timeout=60)
+    second = w.broadcast(groups=groups, timeout=60)
+    mine = -1.0 if w._rank == 1 else 1.0
+    return (float(kept["a"][0]) == mine and float(kept["a"][-1]) == 1.0 and kept["b"].tolist() == list(range(10))
+            and float(second["a"][0]) == 2.0 and second["b"].tolist() == [2 * i for i in range(10)])
+
+
+@cpu_transport_internals
+def test_receivers_without_out_get_private_views(five):
+    assert [r.wait(timeout=120)[0] for r in _on(five, range(4), _views)] == [None, True, True, True]
+
+
+@survives_worker_death
+@cpu_transport_internals
+@pytest.mark.parametrize("path,members,victim", [("shm", [0, 1, 2, 3], 2), ("tcp", [0, 1, 3, 4], 3)])
+def test_receiver_that_dies_mid_broadcast_is_named_on_the_source(five, path, members, victim):
+    res = {r: five.execute_on(r).run(ship(_death_named), path, members, victim, "wsync") for r in members}
+    outcome, took, before, after = res[0].wait(timeout=120)[0]
+    assert outcome is not None and outcome[0] == "PeerDiedError", outcome
+    assert f"rank {victim}" in outcome[1], outcome
+    assert took < 30, took  # bounded well within the timeout, not a hang
+    # the survivors broadcast again; the source holds no more descriptors or mappings than before
+    for r in members[1:]:
+        if r != victim:
+            assert res[r].wait(timeout=120)[0] == [1.0, 1.0]
+    assert after["fds"] <= before["fds"] and after["memfd_maps"] <= before["memfd_maps"], (before, after)
+
+
+def _death_named(w, path, members, victim, group):
+    """The source broadcasts 64 MiB twice; ``victim`` exits during the second; then the rest go on."""
+    _use_path(path)
+    groups = [(group, members)]
+    rest = [(group, [r for r in members if r != victim])]
+    big = {f"t{i}": torch.full((1 << 20,), float(i)) for i in range(16)}  # 64 MiB
+    if w._rank == 0:
+        w.broadcast(big, groups=groups, timeout=60)  # warm: the segment exists now
+        before = _counts()
+        start = time.monotonic()
+        try:
+            w.broadcast(big, groups=groups, timeout=60)
+            outcome = None
+        except CommunicationError as exc:
+            outcome = (type(exc).__name__, str(exc))
+        took = time.monotonic() - start
+        w.broadcast({"after": torch.ones(2)}, groups=rest, timeout=60)
+        return outcome, took, before, _counts()
+    out = {k: torch.zeros_like(v) for k, v in big.items()}
+    w.broadcast(groups=groups, out=out, timeout=60)
+    if w._rank == victim:
+        w.broadcast(groups=groups, out=out, timeout=60, async_op=True)
+        time.sleep(0.01)
+        os._exit(0)  # mid-broadcast (or before joining it): the source must name us, not hang
+    try:
+        w.broadcast(groups=groups, out=out, timeout=60)
+    except CommunicationError:
+        pass  # downstream of the victim in a chain: its feeder went away
+    return w.broadcast(groups=rest, timeout=60)["after"].tolist()
