@@ -90,7 +90,7 @@ def send_tensor(tensor, dst_group_name: str, dst_rank, async_op=False, options=N
     return result if async_op else None
 
 
-@hook("p2p_async")
+@hook("p2p_recv_tensor")
 def recv_tensor(tensor, src_group_name: str, src_rank, async_op=False, options=None, timeout=None):
     _check_tensor(tensor, "recv_tensor", src_group_name, src_rank)
     comm, peer, transport, timeout = _setup(src_group_name, src_rank, options, timeout)

@@ -253,7 +253,7 @@ class Communicator:
         self._sweep()
         return pair, link
 
-    @hook("p2p_bytes_out")
+    @hook("p2p_send")
     def _send_frames(self, peer: WorkerAddress, transport: str, frames: list, deadline, raw: bool = False) -> None:
         """Send on the pair's link; if the peer's process was replaced (its group relaunched
         under the same name), connect to the new one and send there, once."""
@@ -346,7 +346,7 @@ class Communicator:
             raise ConnectionError("the peer's process is gone")
         return fresh
 
-    @hook("p2p_bytes_in")
+    @hook("p2p_recv")
     def _receive(self, peer: WorkerAddress, transport: str, deadline: Optional[float], read: Callable[[Link], Any]):
         """``read(link)`` on the peer's current link; a link that ended hands over to the next one."""
         pair = self._pair(self._in, peer.get_name())
@@ -368,7 +368,6 @@ class Communicator:
                              f"{what} {peer.get_name()!r}")
         return self._guarded(pair, ticket, op, deadline, what, peer, timeout)
 
-    @hook("p2p_op")
     def _guarded(self, pair: _Pair, ticket: int, op: Callable, deadline: float, what: str, peer: WorkerAddress,
                  timeout: float):
         """Run ``op`` in its turn; turn transport failures into errors that name the peer."""

@@ -34,7 +34,7 @@ clock = time.perf_counter_ns
 _events: collections.deque = collections.deque(maxlen=DEFAULT_MAX_EVENTS)
 _dropped = 0  # events that gave way to newer ones since the buffer was last drained
 _thread_names: dict = {}
-_delta_ns = 0  # wall-clock ns minus perf_counter_ns, read at enable
+_delta_ns = time.time_ns() - clock()  # wall-clock ns minus perf_counter_ns, read again at enable
 _on = False
 _lock = threading.Lock()
 
@@ -119,6 +119,20 @@ def boot_id() -> str:
     return _boot_id
 
 
+#: names of the values of an event whose args were recorded as a tuple (cheaper than a dict)
+ARG_NAMES = ("peer", "bytes", "transport", "error")
+
+
+def _args(args):
+    if type(args) is not tuple:
+        return args
+    out = {}
+    for key, value in zip(ARG_NAMES, args):
+        get_name = getattr(value, "get_name", None)  # a WorkerAddress
+        out[key] = get_name() if get_name is not None else value
+    return out
+
+
 def identity() -> dict:
     """Who this process is: the worker it hosts, or the driver."""
     ctx = context.current()
@@ -148,7 +162,7 @@ def dump(drain: bool) -> dict:
     if drain:
         _dropped = 0
     out = identity()
-    out["events"] = [(ph, name, cat, start + delta, end + delta, tid, args)
+    out["events"] = [(ph, name, cat, start + delta, end + delta, tid, _args(args))
                      for ph, name, cat, start, end, tid, args in events]
     out["dropped"] = dropped
     out["threads"] = dict(_thread_names)

@@ -10,33 +10,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import threading
 
 from .recorder import clock, record
 
 #: names of control calls that must not show up as the user's work
 _CONTROL_PREFIX = "_rlinf_trace"
-_tl = threading.local()
 _call_ids = itertools.count(1)
 
-#: communicator ``what`` -> the public operation it serves
-_P2P_NAMES = {"sending to": "send", "receiving from": "recv", "sending a tensor to": "send_tensor",
-              "receiving a tensor from": "recv_tensor"}
-#: public p2p function -> (index of the peer's group name, index of ``async_op``) among its positional arguments
-_P2P_ARGS = {"send": (1, 3), "recv": (0, 2), "send_tensor": (1, 3), "recv_tensor": (1, 3)}
 #: channel method -> (index of ``key``, index of ``async_op`` or None) among its positional arguments (after self)
 _CHANNEL_ARGS = {"put": (2, 3), "put_nowait": (2, None), "get": (0, 1), "get_nowait": (0, None),
                  "get_batch": (1, 2)}
-
-
-def _nbytes(frames) -> int:
-    total = 0
-    for f in frames:
-        try:
-            total += memoryview(f).nbytes
-        except TypeError:
-            total += len(f)
-    return total
 
 
 def _arg(args, kwargs, index, name, default=None):
@@ -164,72 +147,108 @@ def _timer(fn):
 
 
 # -- point-to-point ------------------------------------------------------------------------
-def _p2p_op(fn):
-    """``Communicator._guarded``: one operation, in the thread that runs it, with its bytes."""
-
-    @functools.wraps(fn)
-    def traced_guarded(self, pair, ticket, op, deadline, what, peer, timeout):
-        name = _P2P_NAMES.get(what, what)
-        _tl.bytes = 0
-        start = clock()
-        error = None
-        result = None
-        try:
-            result = fn(self, pair, ticket, op, deadline, what, peer, timeout)
-            return result
-        except BaseException as exc:
-            error = type(exc).__name__
-            raise
-        finally:
-            end = clock()
-            nbytes = _tl.bytes
-            if name == "recv_tensor" and result is not None:
-                nbytes = result.nbytes
-            args = {"peer": peer.get_name(), "bytes": nbytes, "transport": pair.transport}
-            if error is not None:
-                args["error"] = error
-            record("X", name, "p2p", start, end, args)
-
-    return traced_guarded
+# The spans are recorded where the bytes move (the communicator's send and receive on a
+# link), in the thread that moves them: the caller's for a blocking operation, the pair's
+# runner thread for ``async_op=True``.  Their args are a tuple, named at dump time
+# (``recorder.ARG_NAMES``), to keep the recording itself cheap.
+def _nbytes(frames) -> int:
+    total = 0
+    for f in frames:
+        total += len(f) if type(f) is bytes else memoryview(f).nbytes
+    return total
 
 
-def _p2p_bytes_out(fn):
+def _p2p_send(fn):
     @functools.wraps(fn)
     def traced_send_frames(self, peer, transport, frames, deadline, raw=False):
-        fn(self, peer, transport, frames, deadline, raw)
-        _tl.bytes = getattr(_tl, "bytes", 0) + _nbytes(frames[1:] if raw else frames)
+        start = clock()
+        try:
+            fn(self, peer, transport, frames, deadline, raw)
+        except BaseException as exc:
+            record("X", "send_tensor" if raw else "send", "p2p", start, clock(), (peer, _nbytes(frames[1:] if raw else frames),
+                                                                                transport, type(exc).__name__))
+            raise
+        record("X", "send_tensor" if raw else "send", "p2p", start, clock(),
+               (peer, _nbytes(frames[1:]) if raw else _nbytes(frames), transport))
 
     return traced_send_frames
 
 
-def _p2p_bytes_in(fn):
+def _p2p_recv(fn):
     @functools.wraps(fn)
     def traced_receive(self, peer, transport, deadline, read):
-        result = fn(self, peer, transport, deadline, read)
-        if type(result) is tuple and len(result) == 2:  # (raw, frames) of a recv; recv_into returns a flag
-            _tl.bytes = getattr(_tl, "bytes", 0) + _nbytes(result[1])
+        start = clock()
+        try:
+            result = fn(self, peer, transport, deadline, read)
+        except BaseException as exc:
+            record("X", "recv", "p2p", start, clock(), (peer, None, transport, type(exc).__name__))
+            raise
+        if type(result) is tuple:  # (raw, frames) of a recv; recv_tensor's read returns a flag (recorded there)
+            record("X", "recv", "p2p", start, clock(), (peer, _nbytes(result[1]), transport))
         return result
 
     return traced_receive
 
 
 def _p2p_async(fn):
-    """A public p2p function: with ``async_op=True``, a span from the call until the work completes."""
-    peer_at, async_at = _P2P_ARGS[fn.__name__]
+    """``send``/``recv``/``send_tensor`` with ``async_op=True``: a span from the call until the work completes
+    (the bytes are on the transfer's own span, on the pair's runner thread)."""
     name = fn.__name__
+    if name == "recv":
+        @functools.wraps(fn)
+        def traced_recv(src_group_name, src_rank, async_op=False, options=None, timeout=None):
+            if not async_op:
+                return fn(src_group_name, src_rank, async_op, options, timeout)
+            start = clock()
+            work = fn(src_group_name, src_rank, async_op, options, timeout)
+            _on_done(work, "recv (async)", "p2p", start, {"peer": f"{src_group_name}:{src_rank}"})
+            return work
+
+        return traced_recv
+
+    label = f"{name} (async)"
 
     @functools.wraps(fn)
-    def traced_p2p(*args, **kwargs):
-        if not _arg(args, kwargs, async_at, "async_op", False):
-            return fn(*args, **kwargs)
+    def traced_send(obj, dst_group_name, dst_rank, async_op=False, options=None, timeout=None):
+        if not async_op:
+            return fn(obj, dst_group_name, dst_rank, async_op, options, timeout)
         start = clock()
-        work = fn(*args, **kwargs)
-        group = _arg(args, kwargs, peer_at, "dst_group_name" if name.startswith("send") else "src_group_name")
-        rank = _arg(args, kwargs, peer_at + 1, "dst_rank" if name.startswith("send") else "src_rank")
-        _on_done(work, f"{name} (async)", "p2p", start, {"peer": f"{group}:{rank}"})
+        work = fn(obj, dst_group_name, dst_rank, async_op, options, timeout)
+        _on_done(work, label, "p2p", start, {"peer": f"{dst_group_name}:{dst_rank}"})
         return work
 
-    return traced_p2p
+    return traced_send
+
+
+def _p2p_recv_tensor(fn):
+    """``recv_tensor``: the receiver knows the size up front; a span until the tensor is filled."""
+    from ..p2p.communicator import local_communicator
+
+    @functools.wraps(fn)
+    def traced_recv_tensor(tensor, src_group_name, src_rank, async_op=False, options=None, timeout=None):
+        start = clock()
+        peer = f"{src_group_name}:{src_rank}"
+        if async_op:
+            work = fn(tensor, src_group_name, src_rank, async_op, options, timeout)
+            _on_done(work, "recv_tensor (async)", "p2p", start, {"peer": peer, "bytes": tensor.nbytes})
+            return work
+        error = None
+        try:
+            return fn(tensor, src_group_name, src_rank, async_op, options, timeout)
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            comm = local_communicator()
+            requested = options.transport if options is not None else None
+            try:
+                transport = comm.transport_name(requested) if comm is not None else requested
+            except Exception:  # an unknown transport: the call itself said so
+                transport = requested
+            args = (peer, tensor.nbytes, transport)
+            record("X", "recv_tensor", "p2p", start, clock(), args if error is None else args + (error,))
+
+    return traced_recv_tensor
 
 
 def _broadcast(fn):
@@ -284,9 +303,9 @@ _FACTORIES = {
     "run": _run,
     "run_async": _run_async,
     "timer": _timer,
-    "p2p_op": _p2p_op,
-    "p2p_bytes_out": _p2p_bytes_out,
-    "p2p_bytes_in": _p2p_bytes_in,
+    "p2p_send": _p2p_send,
+    "p2p_recv": _p2p_recv,
+    "p2p_recv_tensor": _p2p_recv_tensor,
     "p2p_async": _p2p_async,
     "broadcast": _broadcast,
     "channel": _channel,
