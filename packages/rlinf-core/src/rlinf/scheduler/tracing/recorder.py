@@ -27,7 +27,7 @@ from .. import context
 
 #: events one process keeps (the oldest give way beyond it)
 MAX_EVENTS_ENV = "RLINF_TRACE_MAX_EVENTS"
-DEFAULT_MAX_EVENTS = 1_000_000
+DEFAULT_MAX_EVENTS = 500_000
 
 clock = time.perf_counter_ns
 
