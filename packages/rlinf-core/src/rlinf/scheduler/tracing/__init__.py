@@ -23,6 +23,7 @@ import sys
 TRACE_ENV = "RLINF_TRACE"
 
 _exit_registered = False
+_exit_path = None  # the RLINF_TRACE file still to be written
 
 
 def check_path(path) -> str:
@@ -42,7 +43,7 @@ def check_path(path) -> str:
 
 def on_driver_connect() -> None:
     """A driver connected to its first cluster: with ``RLINF_TRACE`` set, record and write the file at exit."""
-    global _exit_registered
+    global _exit_registered, _exit_path
     from .. import context
 
     raw = os.environ.get(TRACE_ENV)
@@ -58,6 +59,7 @@ def on_driver_connect() -> None:
     # handlers (atexit runs last-registered first): the workers are still there to ask
     atexit.register(_write_at_exit, path)
     _exit_registered = True
+    _exit_path = path
 
 
 def on_worker_start() -> None:
@@ -75,7 +77,18 @@ def _driver_session():
         return next(iter(_sessions.values()), None)
 
 
+def write_before_exit() -> None:
+    """Write the ``RLINF_TRACE`` file now, if it is due at exit: for launchers that end their workers
+    before the process's exit handlers run (an ``mpiexec`` job ends its ranks when the program returns)."""
+    if _exit_path is not None:
+        _write_at_exit(_exit_path)
+
+
 def _write_at_exit(path: str) -> None:
+    global _exit_path
+    if _exit_path is None:  # written already
+        return
+    _exit_path = None
     try:
         write_snapshot(_driver_session(), path, drain=True)
     except Exception as exc:  # at exit there is no caller left to raise to
