@@ -43,9 +43,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--round-trips", type=int, default=2000)
+    parser.add_argument("--trips", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
-    add_run_options(parser, workers=2, calls=20, round_trips=50, rounds=1)
+    add_run_options(parser, workers=2, calls=20, trips=50, rounds=1)
     args = parse(parser, argv)
 
     cluster = local_cluster()
@@ -61,7 +61,7 @@ def main(argv=None):
         return (time.perf_counter() - start) / args.calls
 
     def round_trips():
-        return peers.pingpong(args.round_trips).wait()[0]
+        return peers.pingpong(args.trips).wait()[0]
 
     off_call, on_call, off_rt, on_rt = [], [], [], []
     events = 0
