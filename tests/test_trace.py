@@ -196,6 +196,41 @@ def test_groups_launched_and_stopped_inside_a_block_and_nothing_left_after(clust
     assert sorted(p.name for p in tmp_path.iterdir()) == ["block.json", "now.json"]
 
 
+def test_hook_points_are_the_plain_functions_unless_tracing_is_on():
+    from rlinf.scheduler import timing
+    from rlinf.scheduler.p2p import api, communicator
+    from rlinf.scheduler.tracing import export
+
+    points = [(WorkerGroup, "_call"), (timing, "_timed"), (api, "send"), (communicator.Communicator, "_send_frames")]
+    plain = [getattr(owner, name) for owner, name in points]
+    assert not recorder.is_on() and not hooks.installed()
+    recorder.enable()
+    try:
+        for (owner, name), fn in zip(points, plain):
+            wrapped = getattr(owner, name)
+            assert wrapped is not fn and wrapped.__wrapped__ is fn, name
+        with timing.worker_timer("unit_span"):
+            pass
+        mine = recorder.dump(drain=True)
+    finally:
+        recorder.disable()
+    assert [getattr(owner, name) for owner, name in points] == plain  # the originals, back in place
+    assert len(recorder._events) == 0
+    span = [e for e in mine["events"] if e[1] == "unit_span"]
+    assert len(span) == 1 and span[0][0] == "X" and span[0][2] == "timer" and span[0][4] >= span[0][3]
+    assert mine["label"].startswith("driver @ ")
+    other = {"label": "g:0 @ node 0", "group": "g", "rank": 0, "pid": 1, "host": "h", "threads": {7: "loop"},
+             "dropped": 3, "events": [("A", "call", "run", span[0][3] + 2000, span[0][3] + 5000, 7, None)]}
+    trace = export.chrome_trace([other, mine], ["a note"])
+    names = {e["args"]["name"]: e["pid"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names[mine["label"]] == 1 and names["g:0 @ node 0"] == 2  # the driver first
+    b, e = [ev for ev in trace["traceEvents"] if ev["pid"] == 2 and ev["ph"] in "be"]
+    assert (b["ph"], e["ph"], b["id"]) == ("b", "e", e["id"]) and e["ts"] - b["ts"] == 3.0  # microseconds
+    assert {"ph": "M", "name": "thread_name", "pid": 2, "tid": 1, "args": {"name": "loop"}} in trace["traceEvents"]
+    notes = trace["otherData"]["rlinf"]["notes"]
+    assert notes[0] == "a note" and "3 oldest event(s)" in notes[1]
+
+
 def test_bad_trace_paths_are_refused_before_anything_starts(cluster, tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         cluster.trace(tmp_path / "missing" / "t.json")
