@@ -51,12 +51,14 @@ def install(factory: Callable) -> None:
     global _factory
     with _lock:
         _factory = factory
-        for fn, kind in _points:
-            try:
-                owner, name = _owner(fn)
-            except (KeyError, AttributeError):  # its module is still being imported: the decorator wraps it
-                continue
-            setattr(owner, name, factory(kind, fn))
+        points = list(_points)
+    # outside the lock: a factory may import, and an import in another thread may be waiting in ``hook``
+    for fn, kind in points:
+        try:
+            owner, name = _owner(fn)
+        except (KeyError, AttributeError):  # its module is still being imported: the decorator wraps it
+            continue
+        setattr(owner, name, factory(kind, fn))
 
 
 def uninstall() -> None:
@@ -64,12 +66,13 @@ def uninstall() -> None:
     global _factory
     with _lock:
         _factory = None
-        for fn, _kind in _points:
-            try:
-                owner, name = _owner(fn)
-            except (KeyError, AttributeError):
-                continue
-            setattr(owner, name, fn)
+        points = list(_points)
+    for fn, _kind in points:
+        try:
+            owner, name = _owner(fn)
+        except (KeyError, AttributeError):
+            continue
+        setattr(owner, name, fn)
 
 
 def installed() -> bool:
