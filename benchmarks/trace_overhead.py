@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -108,6 +109,7 @@ def main(argv=None):
     group.stop()
     peers.stop()
     close_cluster(cluster)
+    shutil.rmtree(folder, ignore_errors=True)
     per_event = event_cost_us(20_000 if args.smoke else 200_000)
 
     c_off, c_on = statistics.median(off_call), statistics.median(on_call)
