@@ -19,8 +19,9 @@ TABLE_TITLES = {
     "p2p": "Point-to-point between two workers",
     "channel": "Channel vs ray.util.queue.Queue",
     "mpi": "rlinf over MPI against raw mpi4py",
+    "trace": "Tracing overhead",
 }
-TARGETS = {"group": 2, "p2p": 1, "channel": 2, "mpi": 1}  # targets a smoke run (no 256 MiB size) reports
+TARGETS = {"group": 2, "p2p": 1, "channel": 2, "mpi": 1, "trace": 2}  # targets a smoke run (no 256 MiB size) reports
 
 
 @pytest.mark.timeout(300)

@@ -22,6 +22,8 @@ from . import config, context, security, worker_logging
 from .launcher import LauncherSession
 from .placement import NodeInfo
 from .plugins import get_registry
+from . import tracing
+from .tracing.hooks import hook
 
 _sessions: dict[str, LauncherSession] = {}
 _lock = threading.Lock()
@@ -51,6 +53,7 @@ def _session_for(launcher: Optional[str], num_nodes: Optional[int], options: dic
             # forward it to the workers with the other RLINF_* settings (inside the worker spec)
             security.cluster_secret()
             _sessions[entry.name] = session
+    tracing.on_driver_connect()  # RLINF_TRACE: record from now on, write the file at exit
     return session
 
 
@@ -235,6 +238,15 @@ class Cluster:
     def get_node_ip(self, node_rank: int) -> str:
         return self.get_node_info(node_rank).ip
 
+    def trace(self, path) -> "tracing.TraceBlock":
+        """``with cluster.trace("run.json"):`` records a timeline of the block (every worker) into that file."""
+        return tracing.TraceBlock(self, path)
+
+    def dump_trace(self, path) -> str:
+        """Write what has been traced so far (``RLINF_TRACE`` or a ``trace()`` block) to ``path`` now."""
+        return tracing.dump(self, path)
+
+    @hook("cluster_shutdown")
     def shutdown(self) -> None:
         """Stop every group this process launched and disconnect (an embedded cluster stops)."""
         with _lock:

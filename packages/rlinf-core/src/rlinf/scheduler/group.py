@@ -27,6 +27,7 @@ from .placement import PlacementStrategy, default_placement
 from .plugins import get_registry
 from .serialization import dumps_worker_payload
 from .timing import reduce_durations
+from .tracing.hooks import hook
 
 
 def _primary_error(errors: list[WorkerError]) -> WorkerError:
@@ -74,6 +75,7 @@ class WorkerGroupFuncResult:
     def done(self) -> bool:
         return self._outcomes is not None or all(c.done() for c in self._calls)
 
+    @hook("group_result")
     def _finish(self, outcomes: list) -> list:
         self._outcomes = outcomes
         if self._durations is None:
@@ -377,6 +379,7 @@ class WorkerGroup:
         if self._session is None:
             raise RuntimeError(f"worker group of {self._cls.__name__} is not launched: call .launch(cluster) first")
 
+    @hook("group_call")
     def _call(self, method: str, args: tuple, kwargs: dict) -> WorkerGroupFuncResult:
         self._require_launched()
         ranks = self._selection if self._selection is not None else list(range(len(self._handles)))
@@ -409,6 +412,7 @@ class WorkerGroup:
         )
 
     # -- teardown ---------------------------------------------------------------
+    @hook("group_stop")
     def stop(self) -> None:
         """Stop this group's workers and free its name."""
         if self._session is None:

@@ -25,6 +25,8 @@ from .errors import CommunicationError, LaunchError, WorkerMethodError
 from .info import WorkerInfo
 from .launcher import CallOutcome, WorkerRecord, WorkerSpec, to_wire
 from .serialization import loads_worker_payload
+from .tracing import on_worker_start
+from .tracing.hooks import hook
 
 
 def reserve_port(host: str = "") -> tuple[socket.socket, int]:
@@ -115,6 +117,7 @@ class WorkerHost:
         placement = spec.placement
         self._set_device_env(spec, env)
         os.environ.update(env)
+        on_worker_start()  # records from here on if the driver traces (RLINF_TRACE)
         if not placement.visible_gpu_ids:
             own = []
         elif _isolated(env):
@@ -190,6 +193,7 @@ class WorkerHost:
         env.update(accelerator.device_env(kind, visible, self._saved_env[var]))
 
     # -- calls ------------------------------------------------------------
+    @hook("run")
     def execute(self, method: str, args: tuple, kwargs: dict):
         """Run one method call; never raises for errors in user code.
 
@@ -209,6 +213,7 @@ class WorkerHost:
                     raise
                 return self._failure(method, exc, durations)
 
+    @hook("run_async")
     async def execute_async(self, method: str, args: tuple, kwargs: dict):
         """``execute`` as a task on the running loop: concurrent with the worker's other calls."""
         limit = self._concurrency_limit()

@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Callable, Iterator, Sequence
 
+from .tracing.hooks import hook
+
 class _CallLog(dict):
     """The timings of one call; ``closed`` once the call returned (later timings become orphans)."""
 
@@ -84,6 +86,7 @@ def worker_timer(tag: str | None = None, _depth: int = 1):
     return _timed(tag)
 
 
+@hook("timer")
 @contextlib.contextmanager
 def _timed(tag: str) -> Iterator[None]:
     start = time.perf_counter()

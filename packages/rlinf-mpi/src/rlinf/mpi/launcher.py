@@ -76,6 +76,9 @@ def end_job(wait: float = 5.0) -> None:
     if _job_ended or not runtime.active() or runtime.world().rank != 0:
         return
     _job_ended = True
+    from rlinf.scheduler.tracing import write_before_exit
+
+    write_before_exit()  # RLINF_TRACE: the workers' events, while they are still there to ask
     world = runtime.world()
     svc = service()
     deadline = time.monotonic() + wait

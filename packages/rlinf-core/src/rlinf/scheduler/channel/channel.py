@@ -20,6 +20,7 @@ from typing import Any, Optional
 from .. import config
 from ..address import validate_group_name
 from ..errors import CommTimeoutError, CommunicationError, GroupNameError, PeerDiedError
+from ..tracing.hooks import hook
 from ..worker import Worker
 from .keys import key_token, replica_of, show_key
 from .client import REPLY_GRACE, ChannelClient, SendTimeout
@@ -242,6 +243,7 @@ class Channel:
         return finish(reply)
 
     # -- producer side ------------------------------------------------------------
+    @hook("channel")
     def put(self, item: Any, weight: float = 0, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
         """Append ``item`` to ``key``'s queue, waiting for room when the channel is bounded."""
         from ..p2p import codec
@@ -252,6 +254,7 @@ class Channel:
         result = self._call(ctrl, [header, *buffers], async_op, timeout, send_timeout=timeout)
         return result if async_op else None
 
+    @hook("channel")
     def put_nowait(self, item: Any, weight: float = 0, key: str = DEFAULT_KEY) -> None:
         """Append or raise ``asyncio.QueueFull`` at once."""
         from ..p2p import codec
@@ -261,15 +264,18 @@ class Channel:
                    timeout=NOWAIT_SEND, send_timeout=NOWAIT_SEND)
 
     # -- consumer side --------------------------------------------------------------
+    @hook("channel")
     def get(self, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
         """Remove and return the oldest item of ``key``'s queue, waiting for one."""
         timeout = None if async_op and timeout is None else config.resolve_timeout(timeout)
         return self._call({"op": "get", "key": _check_key(key), "timeout": timeout}, (), async_op, timeout, _decode_one)
 
+    @hook("channel")
     def get_nowait(self, key: str = DEFAULT_KEY):
         """Remove and return the oldest item, or raise ``asyncio.QueueEmpty`` at once."""
         return self._call({"op": "get", "key": _check_key(key), "nowait": True}, (), False, NOWAIT_SEND, _decode_one)
 
+    @hook("channel")
     def get_batch(self, target_weight: float, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
         """The longest FIFO prefix of ``key``'s queue whose weights sum to at most ``target_weight``.
 

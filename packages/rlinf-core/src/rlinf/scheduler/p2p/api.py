@@ -10,6 +10,7 @@ from ..errors import CommunicationError
 from .async_work import AsyncWork
 from .communicator import local_communicator
 from .options import CollectiveGroupOptions, unsupported_options
+from ..tracing.hooks import hook
 
 
 _peers: dict = {}
@@ -68,17 +69,20 @@ def _check_tensor(tensor, what: str, group_name, rank):
         )
 
 
+@hook("p2p_async")
 def send(obj: Any, dst_group_name: str, dst_rank, async_op=False, options=None, timeout=None):
     comm, peer, transport, timeout = _setup(dst_group_name, dst_rank, options, timeout)
     result = comm.send_object(obj, peer, transport, timeout, async_op)
     return result if async_op else None
 
 
+@hook("p2p_async")
 def recv(src_group_name: str, src_rank, async_op=False, options=None, timeout=None):
     comm, peer, transport, timeout = _setup(src_group_name, src_rank, options, timeout)
     return comm.recv_object(peer, transport, timeout, async_op)
 
 
+@hook("p2p_async")
 def send_tensor(tensor, dst_group_name: str, dst_rank, async_op=False, options=None, timeout=None):
     _check_tensor(tensor, "send_tensor", dst_group_name, dst_rank)
     comm, peer, transport, timeout = _setup(dst_group_name, dst_rank, options, timeout)
@@ -86,6 +90,7 @@ def send_tensor(tensor, dst_group_name: str, dst_rank, async_op=False, options=N
     return result if async_op else None
 
 
+@hook("p2p_recv_tensor")
 def recv_tensor(tensor, src_group_name: str, src_rank, async_op=False, options=None, timeout=None):
     _check_tensor(tensor, "recv_tensor", src_group_name, src_rank)
     comm, peer, transport, timeout = _setup(src_group_name, src_rank, options, timeout)
@@ -128,6 +133,7 @@ def broadcast_members(groups) -> list:
     return members
 
 
+@hook("broadcast")
 def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tuple] = None, async_op=False, options=None,
               timeout=None, out=None):
     """The source sends its object to every other listed worker; everyone returns it.

@@ -32,6 +32,7 @@ from .. import config, context
 from ..address import WorkerAddress
 from ..errors import CommTimeoutError, CommunicationError, PeerDiedError
 from ..plugins import get_registry
+from ..tracing.hooks import hook
 from . import codec, device_routing
 from .async_work import AsyncWork
 from .ordering import SerialRunner, Turnstile
@@ -255,6 +256,7 @@ class Communicator:
         self._sweep()
         return pair, link
 
+    @hook("p2p_send")
     def _send_frames(self, peer: WorkerAddress, transport: str, frames: list, deadline, raw: bool = False) -> None:
         """Send on the pair's link; if the peer's process was replaced (its group relaunched
         under the same name), connect to the new one and send there, once."""
@@ -347,6 +349,7 @@ class Communicator:
             raise ConnectionError("the peer's process is gone")
         return fresh
 
+    @hook("p2p_recv")
     def _receive(self, peer: WorkerAddress, transport: str, deadline: Optional[float], read: Callable[[Link], Any]):
         """``read(link)`` on the peer's current link; a link that ended hands over to the next one."""
         pair = self._pair(self._in, peer.get_name())

@@ -103,6 +103,12 @@ class Worker:
         """All timings recorded in this worker since the last pop, ``{tag: seconds}``; clears them."""
         return timing.pop_execution_times()
 
+    def _rlinf_trace(self, op: str, drain: bool = False):
+        """Tracing control from the driver (switch on/off, clock, collect): see ``tracing.collect``."""
+        from ..tracing import collect
+
+        return collect.handle(op, drain)
+
     # -- logging ------------------------------------------------------------------
     #: the worker's logger (``Worker.logger`` on the class: the logger all workers share)
     logger = worker_logging.LoggerAttribute()

@@ -1,0 +1,153 @@
+"""The timeline: one Chrome trace / Perfetto JSON file of a whole run.
+
+``RLINF_TRACE=path.json`` (written when the driver exits) or
+``with cluster.trace("path.json"):`` (written when the block ends; also
+``cluster.dump_trace(path)`` at any moment) records, in the driver and every
+worker: group calls (submit, the run on each rank, the result), ``worker_timer``
+spans, point-to-point operations (peer, bytes, transport, duration) and
+channel operations (key, wait time).  See ``docs/tracing.md``.
+
+Off, it costs nothing: the hook points (``hooks.hook``) are the plain
+functions until tracing is switched on in a process.  Modules: ``hooks`` (the
+marks and the swap), ``recorder`` (the per-process buffer and clock),
+``wrappers`` (what records), ``collect`` (control calls, clock offsets,
+bounded gathering), ``export`` (the JSON file).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+#: the file the driver writes at exit; set, it also makes every worker record from its start
+TRACE_ENV = "RLINF_TRACE"
+
+_exit_registered = False
+_exit_path = None  # the RLINF_TRACE file still to be written
+
+
+def check_path(path) -> str:
+    """``path`` as a str, refused with a clear error before anything starts if it cannot be written."""
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"a trace path must be a str or os.PathLike, got {path!r}")
+    path = os.fspath(path)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"a trace path must be a non-empty file name, got {path!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot write the trace to {path!r}: folder {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot write the trace to {path!r}: it is a folder")
+    return path
+
+
+def on_driver_connect() -> None:
+    """A driver connected to its first cluster: with ``RLINF_TRACE`` set, record and write the file at exit."""
+    global _exit_registered, _exit_path
+    from .. import context
+
+    raw = os.environ.get(TRACE_ENV)
+    if not raw or context.current() is not None or _exit_registered:
+        return
+    path = os.path.abspath(check_path(raw))
+    from . import recorder
+
+    recorder.enable()
+    import atexit
+
+    # registered after the launcher connected, so it runs before the launcher's own exit
+    # handlers (atexit runs last-registered first): the workers are still there to ask
+    atexit.register(_write_at_exit, path)
+    _exit_registered = True
+    _exit_path = path
+
+
+def on_worker_start() -> None:
+    """A worker process took its environment: record if the driver traces."""
+    if os.environ.get(TRACE_ENV) or os.environ.get("RLINF_TRACE_RECORD"):
+        from . import recorder
+
+        recorder.enable()
+
+
+def _driver_session():
+    from ..cluster import _lock, _sessions
+
+    with _lock:
+        return next(iter(_sessions.values()), None)
+
+
+def write_before_exit() -> None:
+    """Write the ``RLINF_TRACE`` file now, if it is due at exit: for launchers that end their workers
+    before the process's exit handlers run (an ``mpiexec`` job ends its ranks when the program returns)."""
+    if _exit_path is not None:
+        _write_at_exit(_exit_path)
+
+
+def _write_at_exit(path: str) -> None:
+    global _exit_path
+    if _exit_path is None:  # written already
+        return
+    _exit_path = None
+    try:
+        write_snapshot(_driver_session(), path, drain=True)
+    except Exception as exc:  # at exit there is no caller left to raise to
+        print(f"rlinf: could not write the trace to {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def write_snapshot(session, path: str, drain: bool) -> str:
+    """Gather every process's events (bounded) and write them to ``path``."""
+    from . import collect, export
+
+    dumps, notes = collect.snapshot(session, drain)
+    return export.write(path, export.chrome_trace(dumps, notes))
+
+
+class TraceBlock:
+    """``cluster.trace(path)``: records while the ``with`` block runs and writes ``path`` when it ends.
+
+    Already-running groups are switched on by a control call; groups launched
+    inside the block record from their start.  Inside a traced run
+    (``RLINF_TRACE``, an outer block) the file holds everything recorded so
+    far and recording goes on.
+    """
+
+    def __init__(self, cluster, path):
+        self._cluster = cluster
+        self.path = os.path.abspath(check_path(path))
+        self._was_on = False
+        self._entered = False
+
+    def __enter__(self) -> "TraceBlock":
+        from . import collect, recorder
+
+        if self._entered:
+            raise RuntimeError("a cluster.trace() block can be entered once")
+        self._entered = True
+        self._was_on = recorder.is_on()
+        if not self._was_on:
+            collect.start_everywhere(self._cluster.session)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from . import collect
+
+        session = self._cluster.session
+        try:
+            write_snapshot(session, self.path, drain=not self._was_on)
+        finally:
+            if not self._was_on:
+                collect.stop_everywhere(session)
+
+
+def dump(cluster, path) -> str:
+    """Write what has been recorded so far to ``path`` (recording goes on)."""
+    from . import recorder
+
+    path = check_path(path)
+    if not recorder.is_on():
+        raise RuntimeError(
+            "tracing is off: set RLINF_TRACE=path.json before the driver starts, or dump inside "
+            "a `with cluster.trace(path):` block"
+        )
+    return write_snapshot(cluster.session, path, drain=False)

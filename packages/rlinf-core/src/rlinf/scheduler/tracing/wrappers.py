@@ -1,0 +1,319 @@
+"""The recording wrappers put on the hook points while tracing is on.
+
+``make(kind, fn)`` returns a function with ``fn``'s signature that calls
+``fn`` and appends an event to the recorder.  One kind per hook point
+(see the ``@hook`` marks in group.py, host.py, timing.py, p2p and channel).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+
+from .recorder import clock, record
+
+#: names of control calls that must not show up as the user's work
+_CONTROL_PREFIX = "_rlinf_trace"
+_call_ids = itertools.count(1)
+
+#: channel method -> (index of ``key``, index of ``async_op`` or None) among its positional arguments (after self)
+_CHANNEL_ARGS = {"put": (2, 3), "put_nowait": (2, None), "get": (0, 1), "get_nowait": (0, None),
+                 "get_batch": (1, 2)}
+
+
+def _arg(args, kwargs, index, name, default=None):
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if index is not None and len(args) > index else default
+
+
+def _on_done(work, name: str, cat: str, start: int, args: dict) -> None:
+    """Record an asynchronous span from ``start`` until ``work`` (an ``AsyncWork``) completes."""
+    future = getattr(work, "_future", None)
+    if future is None:
+        return
+
+    def done(fut):
+        a = dict(args)
+        if fut.cancelled() or fut.exception() is not None:
+            a["error"] = "cancelled" if fut.cancelled() else type(fut.exception()).__name__
+        record("A", name, cat, start, clock(), a)
+
+    future.add_done_callback(done)
+
+
+# -- group calls (driver side) ------------------------------------------------------
+def _group_call(fn):
+    @functools.wraps(fn)
+    def traced_call(self, method, args, kwargs):
+        start = clock()
+        result = fn(self, method, args, kwargs)
+        end = clock()
+        name = f"{self._name}.{method}"
+        ranks = result._ranks
+        record("X", f"submit {name}", "group", start, end, {"group": self._name, "method": method, "ranks": list(ranks)})
+        result._rlinf_trace = (start, next(_call_ids))
+        return result
+
+    return traced_call
+
+
+def _group_result(fn):
+    @functools.wraps(fn)
+    def traced_finish(self, outcomes):
+        mark = getattr(self, "_rlinf_trace", None)
+        error = None
+        try:
+            return fn(self, outcomes)
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            if mark is not None:
+                args = {"group": self._group._name, "method": self._method, "ranks": list(self._ranks), "call": mark[1]}
+                if error is not None:
+                    args["error"] = error
+                record("A", f"{self._group._name}.{self._method}", "group_call", mark[0], clock(), args)
+
+    return traced_finish
+
+
+def _group_stop(fn):
+    @functools.wraps(fn)
+    def traced_stop(self):
+        if getattr(self, "_session", None) is not None:
+            from . import collect
+
+            collect.keep_group_before_stop(self)  # bounded; its processes and their events end with the stop
+        return fn(self)
+
+    return traced_stop
+
+
+def _cluster_shutdown(fn):
+    @functools.wraps(fn)
+    def traced_shutdown(self):
+        from . import collect
+
+        collect.keep_all_before_shutdown(self)  # bounded
+        return fn(self)
+
+    return traced_shutdown
+
+
+# -- method runs (worker side) -------------------------------------------------------
+def _run(fn):
+    @functools.wraps(fn)
+    def traced_execute(self, method, args, kwargs):
+        if self.is_async or method.startswith(_CONTROL_PREFIX):  # execute_async records async workers' calls
+            return fn(self, method, args, kwargs)
+        start = clock()
+        try:
+            return fn(self, method, args, kwargs)
+        finally:
+            record("X", method, "run", start, clock(), None)
+
+    return traced_execute
+
+
+def _run_async(fn):
+    @functools.wraps(fn)
+    async def traced_execute_async(self, method, args, kwargs):
+        if method.startswith(_CONTROL_PREFIX):
+            return await fn(self, method, args, kwargs)
+        start = clock()
+        try:
+            return await fn(self, method, args, kwargs)
+        finally:
+            record("A", method, "run", start, clock(), {"call": next(_call_ids)})
+
+    return traced_execute_async
+
+
+# -- timers ------------------------------------------------------------------------------
+def _timer(fn):
+    @contextlib.contextmanager
+    def traced_timed(tag):
+        start = clock()
+        try:
+            with fn(tag):
+                yield
+        finally:
+            record("X", tag, "timer", start, clock(), None)
+
+    functools.update_wrapper(traced_timed, fn)
+    return traced_timed
+
+
+# -- point-to-point ------------------------------------------------------------------------
+# The spans are recorded where the bytes move (the communicator's send and receive on a
+# link), in the thread that moves them: the caller's for a blocking operation, the pair's
+# runner thread for ``async_op=True``.  Their args are a tuple, named at dump time
+# (``recorder.ARG_NAMES``), to keep the recording itself cheap.
+def _nbytes(frames) -> int:
+    total = 0
+    for f in frames:
+        total += len(f) if type(f) is bytes else memoryview(f).nbytes
+    return total
+
+
+def _p2p_send(fn):
+    @functools.wraps(fn)
+    def traced_send_frames(self, peer, transport, frames, deadline, raw=False):
+        start = clock()
+        try:
+            fn(self, peer, transport, frames, deadline, raw)
+        except BaseException as exc:
+            record("X", "send_tensor" if raw else "send", "p2p", start, clock(), (peer, _nbytes(frames[1:] if raw else frames),
+                                                                                transport, type(exc).__name__))
+            raise
+        record("X", "send_tensor" if raw else "send", "p2p", start, clock(),
+               (peer, _nbytes(frames[1:]) if raw else _nbytes(frames), transport))
+
+    return traced_send_frames
+
+
+def _p2p_recv(fn):
+    @functools.wraps(fn)
+    def traced_receive(self, peer, transport, deadline, read):
+        start = clock()
+        try:
+            result = fn(self, peer, transport, deadline, read)
+        except BaseException as exc:
+            record("X", "recv", "p2p", start, clock(), (peer, None, transport, type(exc).__name__))
+            raise
+        if type(result) is tuple:  # (raw, frames) of a recv; recv_tensor's read returns a flag (recorded there)
+            record("X", "recv", "p2p", start, clock(), (peer, _nbytes(result[1]), transport))
+        return result
+
+    return traced_receive
+
+
+def _p2p_async(fn):
+    """``send``/``recv``/``send_tensor`` with ``async_op=True``: a span from the call until the work completes
+    (the bytes are on the transfer's own span, on the pair's runner thread)."""
+    name = fn.__name__
+    if name == "recv":
+        @functools.wraps(fn)
+        def traced_recv(src_group_name, src_rank, async_op=False, options=None, timeout=None):
+            if not async_op:
+                return fn(src_group_name, src_rank, async_op, options, timeout)
+            start = clock()
+            work = fn(src_group_name, src_rank, async_op, options, timeout)
+            _on_done(work, "recv (async)", "p2p", start, {"peer": f"{src_group_name}:{src_rank}"})
+            return work
+
+        return traced_recv
+
+    label = f"{name} (async)"
+
+    @functools.wraps(fn)
+    def traced_send(obj, dst_group_name, dst_rank, async_op=False, options=None, timeout=None):
+        if not async_op:
+            return fn(obj, dst_group_name, dst_rank, async_op, options, timeout)
+        start = clock()
+        work = fn(obj, dst_group_name, dst_rank, async_op, options, timeout)
+        _on_done(work, label, "p2p", start, {"peer": f"{dst_group_name}:{dst_rank}"})
+        return work
+
+    return traced_send
+
+
+def _p2p_recv_tensor(fn):
+    """``recv_tensor``: the receiver knows the size up front; a span until the tensor is filled."""
+    from ..p2p.communicator import local_communicator
+
+    @functools.wraps(fn)
+    def traced_recv_tensor(tensor, src_group_name, src_rank, async_op=False, options=None, timeout=None):
+        start = clock()
+        peer = f"{src_group_name}:{src_rank}"
+        if async_op:
+            work = fn(tensor, src_group_name, src_rank, async_op, options, timeout)
+            _on_done(work, "recv_tensor (async)", "p2p", start, {"peer": peer, "bytes": tensor.nbytes})
+            return work
+        error = None
+        try:
+            return fn(tensor, src_group_name, src_rank, async_op, options, timeout)
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            comm = local_communicator()
+            requested = options.transport if options is not None else None
+            try:
+                transport = comm.transport_name(requested) if comm is not None else requested
+            except Exception:  # an unknown transport: the call itself said so
+                transport = requested
+            args = (peer, tensor.nbytes, transport)
+            record("X", "recv_tensor", "p2p", start, clock(), args if error is None else args + (error,))
+
+    return traced_recv_tensor
+
+
+def _broadcast(fn):
+    @functools.wraps(fn)
+    def traced_broadcast(obj=None, groups=None, src=None, async_op=False, options=None, timeout=None):
+        start = clock()
+        args = {"src": f"{src[0]}:{src[1]}" if src else None, "groups": repr(groups)}
+        if async_op:
+            work = fn(obj, groups, src, async_op, options, timeout)
+            _on_done(work, "broadcast (async)", "p2p", start, args)
+            return work
+        try:
+            return fn(obj, groups, src, async_op, options, timeout)
+        finally:
+            record("X", "broadcast", "p2p", start, clock(), args)
+
+    return traced_broadcast
+
+
+# -- channels ----------------------------------------------------------------------------------
+def _channel(fn):
+    key_at, async_at = _CHANNEL_ARGS[fn.__name__]
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def traced_channel(self, *args, **kwargs):
+        key = _arg(args, kwargs, key_at, "key", "default_queue")
+        info = {"channel": self._name, "key": repr(key)}
+        start = clock()
+        if async_at is not None and _arg(args, kwargs, async_at, "async_op", False):
+            work = fn(self, *args, **kwargs)
+            _on_done(work, f"channel.{name} (async)", "channel", start, info)
+            return work
+        try:
+            return fn(self, *args, **kwargs)
+        except BaseException as exc:
+            info["error"] = type(exc).__name__
+            raise
+        finally:
+            end = clock()
+            info["wait_ms"] = round((end - start) / 1e6, 3)
+            record("X", f"channel.{name}", "channel", start, end, info)
+
+    return traced_channel
+
+
+_FACTORIES = {
+    "group_call": _group_call,
+    "group_result": _group_result,
+    "group_stop": _group_stop,
+    "cluster_shutdown": _cluster_shutdown,
+    "run": _run,
+    "run_async": _run_async,
+    "timer": _timer,
+    "p2p_send": _p2p_send,
+    "p2p_recv": _p2p_recv,
+    "p2p_recv_tensor": _p2p_recv_tensor,
+    "p2p_async": _p2p_async,
+    "broadcast": _broadcast,
+    "channel": _channel,
+}
+
+
+def make(kind: str, fn):
+    """The recording wrapper of hook point ``fn`` of this ``kind``."""
+    wrapper = _FACTORIES[kind](fn)
+    wrapper.__wrapped__ = fn
+    return wrapper

@@ -1,0 +1,293 @@
+"""The timeline (``RLINF_TRACE`` / ``cluster.trace()``): real runs, traces read back.
+
+Two groups exchange objects, a tensor and a broadcast point to point and go
+through a channel; the trace written by ``cluster.trace()`` must hold each
+worker's events on its own process track, with the peer, bytes, transport and
+key of each operation, on one clock (a send starts before its receive ends).
+The ``RLINF_TRACE`` form is checked end to end under ``mpiexec`` (the file is
+written when the driver exits), which also covers the MPI launcher.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from launcher_marks import TEST_LAUNCHER
+from rlinf.scheduler import Channel, Worker, WorkerGroup
+from rlinf.scheduler.tracing import collect, hooks, recorder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TENSOR_BYTES = 256 * 4
+
+pytestmark = pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="uses the session's Ray cluster; the MPI form is "
+                                                               "tested by test_env_var_trace_under_mpiexec")
+
+
+class Producer(Worker):
+    def __init__(self):
+        super().__init__()
+
+    def work(self, peer: str, channel):
+        import torch
+
+        with self.worker_timer("produce"):
+            self.send({"step": 1, "reward": 0.5}, peer, 0)
+            self.send_tensor(torch.ones(256), peer, 0)
+            self.send("later", peer, 0, async_op=True).wait()
+            channel.put("item", key="k1")
+        return True
+
+    def share(self, groups):
+        return self.broadcast("shared", groups=groups)
+
+    def tracing_state(self):
+        return recorder.is_on(), len(recorder._events), hooks.installed(), os.environ.get(collect.RECORD_ENV)
+
+
+class Consumer(Worker):
+    def __init__(self):
+        super().__init__()
+        with self.worker_timer("warm_up"):
+            pass
+
+    def work(self, peer: str, channel):
+        import torch
+
+        first = self.recv(peer, 0)
+        buf = torch.zeros(256)
+        self.recv_tensor(buf, peer, 0)
+        later = self.recv(peer, 0)
+        return first["step"], float(buf.sum()), later, channel.get(key="k1")
+
+    def share(self, groups):
+        return self.broadcast(groups=groups)
+
+
+def _load(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _processes(trace) -> dict:
+    """process label -> pid"""
+    return {e["args"]["name"]: e["pid"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+
+
+def _events(trace, pid, ph="X") -> list:
+    return [e for e in trace["traceEvents"] if e["pid"] == pid and e["ph"] == ph]
+
+
+def _one(events, name):
+    found = [e for e in events if e["name"] == name]
+    assert len(found) == 1, (name, [e["name"] for e in events])
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def pair(cluster):
+    """A producer and a consumer group, launched once for this module (launches are the slow part)."""
+    tag = uuid.uuid4().hex[:6]
+    producers = Producer.create_group().launch(cluster, name=f"prod{tag}")
+    consumers = Consumer.create_group().launch(cluster, name=f"cons{tag}")  # its constructor's timer: before tracing
+    yield producers, consumers, tag
+    producers.stop()
+    consumers.stop()
+
+
+def test_two_groups_p2p_and_a_channel_on_one_timeline(cluster, pair, tmp_path):
+    producers, consumers, tag = pair
+    prod, cons = producers.worker_group_name, consumers.worker_group_name
+    channel = Channel.create(f"trace{tag}")
+    path = tmp_path / "run.json"
+    with cluster.trace(path) as block:
+        results = producers.work(cons, channel), consumers.work(prod, channel)
+        assert results[0].wait() == [True]
+        assert results[1].wait() == [(1, 256.0, "later", "item")]
+        groups = [(prod, 0), (cons, 0)]
+        assert producers.share(groups).wait() == ["shared"] and consumers.share(groups).wait() == ["shared"]
+    assert block.path == str(path)
+    trace = _load(path)
+
+    procs = _processes(trace)
+    assert procs[f"{prod}:0 @ node 0"] != procs[f"{cons}:0 @ node 0"]  # one track per worker
+    assert f"Channel.trace{tag}:0 @ node 0" in procs
+    driver = [label for label in procs if label.startswith("driver @ ")]
+    assert len(driver) == 1
+    p_ev, c_ev = _events(trace, procs[f"{prod}:0 @ node 0"]), _events(trace, procs[f"{cons}:0 @ node 0"])
+
+    # method runs and timers, on the worker's own track
+    assert _one(p_ev, "work")["cat"] == "run" and _one(c_ev, "work")["cat"] == "run"
+    produce = _one(p_ev, "produce")
+    assert produce["cat"] == "timer" and produce["dur"] > 0
+    assert not [e for e in c_ev if e["name"] == "warm_up"]
+
+    # point to point: peer, bytes, transport; the sender's bytes are the receiver's
+    sends = [e for e in p_ev if e["name"] == "send"]
+    recvs = [e for e in c_ev if e["name"] == "recv"]
+    assert len(sends) >= 3 and len(recvs) >= 3  # two objects, the broadcast's
+    for e in sends + recvs:
+        assert e["cat"] == "p2p" and e["args"]["transport"] == "cpu" and e["args"]["bytes"] > 0
+    assert {e["args"]["peer"] for e in sends} == {f"{cons}:0"} and {e["args"]["peer"] for e in recvs} == {f"{prod}:0"}
+    sends.sort(key=lambda e: e["ts"])
+    recvs.sort(key=lambda e: e["ts"])
+    assert [e["args"]["bytes"] for e in sends] == [e["args"]["bytes"] for e in recvs]
+    for send, recv in zip(sends, recvs):  # one clock: a message leaves before it has arrived
+        assert send["ts"] <= recv["ts"] + recv["dur"], (send, recv)
+    assert _one(p_ev, "send_tensor")["args"]["bytes"] == TENSOR_BYTES
+    assert _one(c_ev, "recv_tensor")["args"] == {"peer": f"{prod}:0", "bytes": TENSOR_BYTES, "transport": "cpu"}
+    assert _one(p_ev, "broadcast")["args"]["src"] is None and _one(c_ev, "broadcast")
+    async_sends = [e for e in _events(trace, procs[f"{prod}:0 @ node 0"], "b") if e["name"] == "send (async)"]
+    assert len(async_sends) == 2 and {e["args"]["peer"] for e in async_sends} == {f"{cons}:0"}  # ours, broadcast's
+    assert _one(p_ev, "send_tensor")["ts"] <= produce["ts"] + produce["dur"]
+
+    # channel operations: key and wait time
+    put, get = _one(p_ev, "channel.put"), _one(c_ev, "channel.get")
+    assert put["args"]["key"] == "'k1'" and get["args"]["key"] == "'k1'"
+    assert put["args"]["channel"] == f"trace{tag}" and get["args"]["wait_ms"] >= 0
+    assert put["ts"] <= get["ts"] + get["dur"]
+
+    # the driver: submit spans and group calls from submit to result
+    d_pid = procs[driver[0]]
+    assert _one(_events(trace, d_pid), f"submit {prod}.work")["args"]["ranks"] == [0]
+    begins = {e["name"]: e for e in _events(trace, d_pid, "b")}
+    ends = {e["id"]: e for e in _events(trace, d_pid, "e")}
+    call = begins[f"{cons}.work"]
+    assert ends[call["id"]]["ts"] >= _one(c_ev, "work")["ts"] + _one(c_ev, "work")["dur"] - 1
+    # every thread used has a name; all processes here share the machine's clock
+    named = {(e["pid"], e["tid"]) for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in p_ev + c_ev} <= named
+    meta = trace["otherData"]["rlinf"]
+    assert meta["clock_offsets_ns"][f"{prod}:0 @ node 0"] == 0
+    assert not [n for n in meta["notes"] if prod in n or cons in n]
+
+
+def test_groups_launched_and_stopped_inside_a_block_and_nothing_left_after(cluster, pair, tmp_path):
+    before, _, _ = pair
+    tag = uuid.uuid4().hex[:6]
+    path = tmp_path / "block.json"
+    with pytest.raises(RuntimeError, match="tracing is off"):
+        cluster.dump_trace(tmp_path / "off.json")
+    with cluster.trace(path):
+        assert before.tracing_state().wait()[0][0] is True  # switched on in a running worker
+        inside = Consumer.create_group().launch(cluster, name=f"inside{tag}")
+        inside.share([(f"inside{tag}", 0)]).wait()
+        now = cluster.dump_trace(tmp_path / "now.json")  # on demand: recording goes on
+        inside.stop()  # its events are taken before its process ends
+    snapshot, trace = _load(now), _load(path)
+    assert f"inside{tag}:0 @ node 0" in _processes(snapshot)
+    pid = _processes(trace)[f"inside{tag}:0 @ node 0"]
+    names = {e["name"] for e in _events(trace, pid)}
+    assert {"warm_up", "share", "broadcast"} <= names  # recorded from its start, constructor included
+    # off again everywhere: no hooks, no buffer, no flag for new launches, no file without asking
+    assert before.tracing_state().wait() == [(False, 0, False, None)]
+    assert not hooks.installed() and not recorder.is_on() and len(recorder._events) == 0
+    assert not hasattr(WorkerGroup._call, "__wrapped__")
+    assert collect.RECORD_ENV not in os.environ
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["block.json", "now.json"]
+
+
+def test_hook_points_are_the_plain_functions_unless_tracing_is_on():
+    from rlinf.scheduler import timing
+    from rlinf.scheduler.p2p import api, communicator
+    from rlinf.scheduler.tracing import export
+
+    points = [(WorkerGroup, "_call"), (timing, "_timed"), (api, "send"), (communicator.Communicator, "_send_frames")]
+    plain = [getattr(owner, name) for owner, name in points]
+    assert not recorder.is_on() and not hooks.installed()
+    recorder.enable()
+    try:
+        for (owner, name), fn in zip(points, plain):
+            wrapped = getattr(owner, name)
+            assert wrapped is not fn and wrapped.__wrapped__ is fn, name
+        with timing.worker_timer("unit_span"):
+            pass
+        mine = recorder.dump(drain=True)
+    finally:
+        recorder.disable()
+    assert [getattr(owner, name) for owner, name in points] == plain  # the originals, back in place
+    assert len(recorder._events) == 0
+    span = [e for e in mine["events"] if e[1] == "unit_span"]
+    assert len(span) == 1 and span[0][0] == "X" and span[0][2] == "timer" and span[0][4] >= span[0][3]
+    assert mine["label"].startswith("driver @ ")
+    other = {"label": "g:0 @ node 0", "group": "g", "rank": 0, "pid": 1, "host": "h", "threads": {7: "loop"},
+             "dropped": 3, "events": [("A", "call", "run", span[0][3] + 2000, span[0][3] + 5000, 7, None)]}
+    trace = export.chrome_trace([other, mine], ["a note"])
+    names = {e["args"]["name"]: e["pid"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names[mine["label"]] == 1 and names["g:0 @ node 0"] == 2  # the driver first
+    b, e = [ev for ev in trace["traceEvents"] if ev["pid"] == 2 and ev["ph"] in "be"]
+    assert (b["ph"], e["ph"], b["id"]) == ("b", "e", e["id"]) and e["ts"] - b["ts"] == 3.0  # microseconds
+    assert {"ph": "M", "name": "thread_name", "pid": 2, "tid": 1, "args": {"name": "loop"}} in trace["traceEvents"]
+    notes = trace["otherData"]["rlinf"]["notes"]
+    assert notes[0] == "a note" and "3 oldest event(s)" in notes[1]
+
+
+def test_bad_trace_paths_are_refused_before_anything_starts(cluster, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        cluster.trace(tmp_path / "missing" / "t.json")
+    with pytest.raises(TypeError, match="str or os.PathLike"):
+        cluster.trace(3)
+    with pytest.raises(IsADirectoryError):
+        cluster.trace(tmp_path)
+    assert not recorder.is_on()
+
+
+def test_clock_offset_of_a_worker_is_estimated_from_round_trips(cluster, pair):
+    offset = collect._offset(cluster.session, pair[0]._handles[0], time.monotonic() + 30)
+    assert offset is not None
+    assert abs(offset) < 0.5e9  # one machine: the true offset is 0, the estimate within half a round trip
+
+
+MPI_PROGRAM = """
+from rlinf.scheduler import Cluster, NodePlacementStrategy, Worker
+
+class Pair(Worker):
+    def __init__(self):
+        super().__init__()
+
+    def bounce(self):
+        me, other = self._rank, 1 - self._rank
+        if me == 0:
+            self.send("ping", self.worker_group_name, other)
+            return self.recv(self.worker_group_name, other)
+        self.send(self.recv(self.worker_group_name, other), self.worker_group_name, other)
+        return "pong"
+
+group = Pair.create_group().launch(Cluster(), NodePlacementStrategy([0, 0]), name="mpitrace")
+print("RESULT", group.bounce().wait(), flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or shutil.which(
+    "mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")) is None,
+    reason="needs mpi4py and an mpiexec (pip install mpi4py mpich)")
+def test_env_var_trace_under_mpiexec(tmp_path):
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent(MPI_PROGRAM))
+    out_path = tmp_path / "mpi.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RLINF_LAUNCHER", "RLINF_TEST_LAUNCHER")}
+    env.update(RLINF_TRACE=str(out_path), PYTHONUNBUFFERED="1", UCX_NET_DEVICES="lo")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run(["mpiexec", "-n", "3", sys.executable, "-m", "rlinf.mpi", str(script)], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=200)
+    assert proc.returncode == 0 and "RESULT ['ping', 'pong']" in proc.stdout, proc.stdout[-4000:]
+    trace = _load(out_path)  # written by the driver (rank 0) at exit
+    procs = _processes(trace)
+    p0, p1 = _events(trace, procs["mpitrace:0 @ node 0"]), _events(trace, procs["mpitrace:1 @ node 0"])
+    assert _one(p0, "bounce")["cat"] == "run" and _one(p1, "bounce")["cat"] == "run"
+    send, recv = _one(p0, "send"), _one(p1, "recv")
+    assert send["args"]["peer"] == "mpitrace:1" and recv["args"]["peer"] == "mpitrace:0"
+    assert send["args"]["bytes"] == recv["args"]["bytes"] > 0 and send["args"]["transport"] == recv["args"]["transport"]
+    assert send["ts"] <= recv["ts"] + recv["dur"]
+    driver = next(pid for label, pid in procs.items() if label.startswith("driver @ "))
+    assert [e["name"] for e in _events(trace, driver, "b")] == ["mpitrace.bounce"]
