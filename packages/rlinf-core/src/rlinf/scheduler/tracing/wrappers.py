@@ -253,15 +253,15 @@ def _p2p_recv_tensor(fn):
 
 def _broadcast(fn):
     @functools.wraps(fn)
-    def traced_broadcast(obj=None, groups=None, src=None, async_op=False, options=None, timeout=None):
+    def traced_broadcast(obj=None, groups=None, src=None, async_op=False, options=None, timeout=None, out=None):
         start = clock()
         args = {"src": f"{src[0]}:{src[1]}" if src else None, "groups": repr(groups)}
         if async_op:
-            work = fn(obj, groups, src, async_op, options, timeout)
+            work = fn(obj, groups, src, async_op, options, timeout, out)
             _on_done(work, "broadcast (async)", "p2p", start, args)
             return work
         try:
-            return fn(obj, groups, src, async_op, options, timeout)
+            return fn(obj, groups, src, async_op, options, timeout, out)
         finally:
             record("X", "broadcast", "p2p", start, clock(), args)
 
