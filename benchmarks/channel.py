@@ -139,8 +139,8 @@ def run_load(group, queues, n, slow_key=None, slow_s=0.0) -> dict:
     return {"all": rate(lambda key: True), "others": rate(lambda key: key != slow_key)}
 
 
-def load_cases(cluster, n: int, warmup: int, slow_ms: float) -> tuple[list, list]:
-    """The load and slow-consumer cases: table rows and targets."""
+def load_cases(cluster, n: int, warmup: int, slow_ms: float, repeat: int = 2) -> tuple[list, list, dict]:
+    """The load and slow-consumer cases: table rows, targets and the rates (best of ``repeat``)."""
     from ray.util.queue import Queue
 
     group = LoadWorker.create_group().launch(cluster, NodePlacementStrategy([0] * LOAD_PROCESSES), name="bench_load")
@@ -150,10 +150,12 @@ def load_cases(cluster, n: int, warmup: int, slow_ms: float) -> tuple[list, list
     try:
         for q in (ours, theirs, bounded):
             run_load(group, q, warmup)  # connections, actors, shared memory
-        o = run_load(group, ours, n)["all"]
-        t = run_load(group, theirs, n)["all"]
-        fast = run_load(group, bounded, n)["others"]
-        slow = run_load(group, bounded, n, slow_key=f"key{LOAD_KEYS - 1}", slow_s=slow_ms / 1000)["others"]
+        o = t = fast = slow = 0.0
+        for _ in range(repeat):  # interleaved, best of each: a busy machine's noise hits all cases alike
+            o = max(o, run_load(group, ours, n)["all"])
+            t = max(t, run_load(group, theirs, n)["all"])
+            fast = max(fast, run_load(group, bounded, n)["others"])
+            slow = max(slow, run_load(group, bounded, n, slow_key=f"key{LOAD_KEYS - 1}", slow_s=slow_ms / 1000)["others"])
     finally:
         group.stop()
         for q in theirs.values():
@@ -186,7 +188,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--load-messages", type=int, default=300, help="items per producer in the load cases")
     parser.add_argument("--slow-ms", type=float, default=20.0, help="sleep of the slow consumers after each get")
-    add_run_options(parser, messages=20, warmup=5, load_messages=5, slow_ms=2.0)
+    parser.add_argument("--load-repeat", type=int, default=2, help="runs of each load case (best counts)")
+    add_run_options(parser, messages=20, warmup=5, load_messages=5, slow_ms=2.0, load_repeat=1)
     args = parse(parser, argv)
     from ray.util.queue import Queue
 
@@ -214,8 +217,9 @@ def main(argv=None):
                    "Ray Queue": [results[k][1]["concurrent"] for k in kinds]}, "items/s", log=True)
     prod.stop()
     cons.stop()
-    load_rows, load_targets, load = load_cases(cluster, args.load_messages, max(2, args.load_messages // 10), args.slow_ms)
-    print_table(f"Channels under load, {args.load_messages} small dicts per producer (items/s)",
+    load_rows, load_targets, load = load_cases(cluster, args.load_messages, max(2, args.load_messages // 10), args.slow_ms,
+                                               args.load_repeat)
+    print_table(f"Channels under load, {args.load_messages} small dicts per producer, best of {args.load_repeat} (items/s)",
                 ["clients", "case", "rlinf Channel", "baseline", "ratio"], load_rows)
     save_bar_plot("channel_load", "32 producers x 32 consumers on 8 keys", ["all keys", "beside a slow consumer"],
                   {"rlinf Channel": [load["load"][0], load["slow"][0]],
