@@ -48,9 +48,10 @@ class ChannelHostWorker(Worker):
     def ping(self) -> bool:
         return True
 
-    def stats(self) -> dict:
-        """Live bookkeeping: keys with state, items queued, clients connected, replies not yet acknowledged."""
-        return self._server.stats()
+    def stats(self, detail: bool = False) -> dict:
+        """Live bookkeeping: keys with state, items queued, clients connected, replies not yet acknowledged;
+        with ``detail``, each key's queued items and parked getters and putters (``ChannelServer.snapshot``)."""
+        return self._server.stats(detail)
 
 
 def _group_name(name: str) -> str:

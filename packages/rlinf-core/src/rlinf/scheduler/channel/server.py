@@ -1,12 +1,30 @@
 """The channel host: named FIFO queues served to any number of clients.
 
-Each client connection has one reader thread; all queue state sits behind
-one lock.  A request that cannot be served yet (a get on an empty queue, a
-put on a full one) is parked with its deadline, and served as soon as the
-state allows, so one connection can have many requests in flight and a
-blocked get never holds up a put.  Replies are sent outside the lock.
-Queues of keys that are empty and unwaited are dropped, so bookkeeping does
-not grow with the number of keys ever used.
+A fixed number of threads serves every client, however many connect:
+
+* one event loop owns all queue state (so it needs no lock).  It waits on
+  every client connection at once (``selectors``), reads whole requests
+  without blocking, serves them, expires deadlines and checks heartbeats;
+* a few sender threads (``RLINF_CHANNEL_SENDERS``) write the replies.  Each
+  connection has its own outbox, flushed by one sender at a time, so replies
+  reach each client in the order the loop made them.  A sender never waits
+  on a client whose socket is full: it hands the connection back to the
+  loop, which resumes it once the socket drains.
+
+State is per key: a full queue or a slow consumer on one key parks only the
+requests of that key, and a client that does not read only fills its own
+outbox, so producers and consumers of other keys keep their pace.  A request
+that cannot be served yet (a get on an empty queue, a put on a full one) is
+parked with its deadline and served as soon as the state allows.  Queues of
+keys that are empty and unwaited are dropped, so bookkeeping does not grow
+with the number of keys ever used.
+
+Connections arrive already authenticated: the transport's handshake gate
+(``security.HandshakeGate``, a small bounded pool) checks the peer before
+the link exists, never on the loop.  Links that offer no descriptor to wait
+on (``Link.poll_fd`` is None: TCP links with a read-ahead thread, links of
+other transports) are read by a thread of their own that hands each request
+to the loop.
 
 Nothing is lost and nothing hangs:
 
@@ -17,36 +35,53 @@ Nothing is lost and nothing hangs:
   connection that goes away, puts its in-flight items back at the head of
   their queues, in order;
 * every send has a deadline: a client that does not take its replies for
-  that long, or that has not been heard from for several heartbeats, is
-  treated as dead (its link is closed, which ends its reader thread and
-  puts its items back);
-* a departed client's link, thread and state are released.
+  that long (its socket stays full, or one send does not finish), or that has
+  not been heard from for several heartbeats, is treated as dead: its link
+  is closed and its items are put back;
+* a departed client's link and state are released.
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import mmap
+import queue
+import select
+import selectors
+import socket
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
+from .. import config
 from ..p2p.transport import Link
 from .keys import show_key
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_timeout
 
+#: sender threads of one channel host (replies to all clients)
+SENDERS_ENV = "RLINF_CHANNEL_SENDERS"
+DEFAULT_SENDERS = 4
+#: requests the loop reads from one connection before turning to the others
+_READ_BURST = 32
+#: seconds between checks for silent and congested connections
+_CHECK_EVERY = 0.25
 
-@dataclass
+
+@dataclass(eq=False)
 class _Waiter:
     conn: "_Conn"
     rid: int
     op: str
+    key: str
     deadline: Optional[float]
     frames: list = field(default_factory=list)  # the item, for a parked put
     weight: float = 0.0
     target: float = 0.0  # for get_batch
+    parked: bool = True  # False once served, cancelled, expired or dropped
 
 
 @dataclass
@@ -118,34 +153,34 @@ def _own(frames: list, pool: _BlockPool) -> list:
 
 
 class _Conn:
-    """One client's connection: its link and the items sent to it but not yet acknowledged."""
+    """One client's connection: its link, its outbox, its parked requests and unacknowledged items.
+
+    Everything but the outbox belongs to the loop.  The outbox and the
+    ``scheduled`` flag are shared with the senders under ``lock``.
+    """
 
     def __init__(self, link: Link, name: str):
         self.link = link
         self.name = name
         self.alive = True
         self.last_heard = time.monotonic()
+        self.fd = getattr(link, "poll_fd", lambda: None)()
         #: request id -> (key, [(frames, weight), ...]) sent and not yet acknowledged
         self.inflight: dict[int, tuple[str, list]] = {}
+        #: request id -> its parked waiter
+        self.parked: dict[int, _Waiter] = {}
+        self.lock = threading.Lock()
+        self.outbox: collections.deque = collections.deque()  # (control, frames), in order
+        self.scheduled = False  # a sender owns the outbox, or the loop waits for the socket to drain
+        self.congested_since: Optional[float] = None  # loop: when the socket was found full
+        self._pollout = None
+        if self.fd is not None:
+            self._pollout = select.poll()
+            self._pollout.register(self.fd, select.POLLOUT)
 
-    def send(self, ctrl: dict, frames, timeout: float) -> bool:
-        """Send with a deadline; False (and the link closed) if the client did not take it in time."""
-        if not self.alive:
-            return False
-        try:
-            self.link.send([pack(ctrl), *frames], time.monotonic() + timeout)
-            return True
-        except Exception:
-            self.kill()
-            return False
-
-    def kill(self) -> None:
-        """Close the link: the reader thread then ends and hands back what the client held."""
-        self.alive = False
-        try:
-            self.link.close()
-        except Exception:
-            pass
+    def writable(self) -> bool:
+        """Whether the socket takes data now (always True for links without a descriptor)."""
+        return self._pollout is None or bool(self._pollout.poll(0))
 
 
 class ChannelServer:
@@ -154,176 +189,366 @@ class ChannelServer:
         self.maxsize = maxsize
         self._queues: dict[str, _Queue] = {}
         self._conns: set = set()
-        self._lock = threading.Lock()
-        self._timer = threading.Condition(self._lock)
         self._blocks = _BlockPool()
         self._send_timeout = send_timeout()
         self._dead_after = DEAD_AFTER_BEATS * heartbeat_interval()
-        threading.Thread(target=self._expire_loop, name=f"rlinf-channel-{name}-timeouts", daemon=True).start()
+        self._timers: list = []  # heap of (deadline, seq, waiter)
+        self._seq = itertools.count()
+        self._inbox: collections.deque = collections.deque()  # callables posted to the loop by other threads
+        self._again: set = set()  # connections that may hold more requests already read off their socket
+        self._to_flush: list = []  # connections with new replies, handed to the senders after this turn
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._sendq: queue.SimpleQueue = queue.SimpleQueue()
+        senders = max(1, int(config._float_env(SENDERS_ENV, DEFAULT_SENDERS)))
+        for i in range(senders):
+            threading.Thread(target=self._sender, name=f"rlinf-channel-{name}-send{i}", daemon=True).start()
+        threading.Thread(target=self._loop, name=f"rlinf-channel-{name}-loop", daemon=True).start()
+
+    # -- other threads talk to the loop through its inbox -------------------------------
+    def _post(self, fn: Callable, *args) -> None:
+        self._inbox.append((fn, args))
+        try:
+            self._wake_w.send(b"x")
+        except (BlockingIOError, InterruptedError):
+            pass  # the socket is full of wake-ups already: the loop will look
+
+    def _ask(self, fn: Callable, timeout: float = 10.0):
+        """Run ``fn`` on the loop and return its result (bounded: the loop turns at least every 0.25 s)."""
+        done = threading.Event()
+        out: list = []
+
+        def run():
+            try:
+                out.append((True, fn()))
+            except BaseException as exc:  # handed to the asking thread
+                out.append((False, exc))
+            done.set()
+
+        self._post(run)
+        if not done.wait(timeout):
+            raise TimeoutError(f"the loop of channel {self.name!r} did not answer within {timeout:g} s")
+        ok, value = out[0]
+        if not ok:
+            raise value
+        return value
 
     # -- connections -------------------------------------------------------------
     def on_connect(self, link: Link, info: dict) -> None:
+        """Called by the transport (on its handshake thread) for each authenticated client."""
         conn = _Conn(link, str(info.get("client", "?")))
-        with self._lock:
-            self._conns.add(conn)
-        threading.Thread(target=self._serve, args=(conn,), name=f"rlinf-channel-{self.name}-client", daemon=True).start()
+        self._post(self._add, conn)
+        if conn.fd is None:
+            threading.Thread(target=self._read_thread, args=(conn,), name=f"rlinf-channel-{self.name}-client",
+                             daemon=True).start()
 
-    def _serve(self, conn: _Conn) -> None:
+    def _add(self, conn: _Conn) -> None:
+        self._conns.add(conn)
+        if conn.fd is not None:
+            try:
+                self._selector.register(conn.fd, selectors.EVENT_READ, conn)
+            except (KeyError, ValueError, OSError):  # closed before the loop saw it
+                self._lost(conn)
+                return
+            self._again.add(conn)  # its first requests may have been read with the hello
+
+    def _read_thread(self, conn: _Conn) -> None:
+        """Reads a link the loop cannot wait on, and hands each request to the loop in order."""
         while True:
             try:
-                # no deadline: a silent client is closed by the heartbeat check in _expire_loop, which ends this wait
+                # no deadline: a silent client is closed by the loop's heartbeat check, which ends this wait
                 _raw, frames = conn.link.recv(None)
             except Exception:
-                conn.kill()
-                self._deliver(self._drop_connection(conn))
+                self._post(self._lost, conn)
                 return
-            conn.last_heard = time.monotonic()
-            ctrl: dict = {}
+            self._post(self._on_message, conn, frames)
+
+    def _read(self, conn: _Conn) -> None:
+        """Serve the requests that arrived whole on ``conn``, a burst at a time (fair to the others)."""
+        for _ in range(_READ_BURST):
+            if not conn.alive:
+                return
             try:
-                ctrl = control(frames[0])
-                replies = self._handle(conn, ctrl, frames[1:])
-            except Exception as exc:
-                replies = [(conn, {"id": ctrl.get("id", -1), "error": "ChannelError",
-                                   "message": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}, ())]
-            self._deliver(replies)
+                msg = conn.link.recv_nowait()
+            except Exception:
+                self._lost(conn)
+                return
+            if msg is None:
+                self._again.discard(conn)
+                return
+            self._on_message(conn, msg[1])
+        self._again.add(conn)  # more may sit in the link's buffer, where the selector cannot see it
 
-    def _deliver(self, replies: list) -> None:
-        for target, reply, frames in replies:
-            target.send(reply, frames, self._send_timeout)
-
-    def _drop_connection(self, conn: _Conn) -> list:
-        """Forget a departed client: drop its parked gets, keep its parked puts, put its in-flight items back."""
-        out: list = []
-        with self._lock:
-            self._conns.discard(conn)
-            conn.alive = False
-            inflight, conn.inflight = conn.inflight, {}
-            touched = set()
-            for key, q in list(self._queues.items()):
-                q.getters = collections.deque(w for w in q.getters if w.conn is not conn)
-                kept = collections.deque()
-                for w in q.putters:
-                    if w.conn is conn:  # a parked put from a vanished client is still the user's data
-                        q.items.append((w.frames, w.weight))
-                    else:
-                        kept.append(w)
-                q.putters = kept
-                touched.add(key)
-            for rid in sorted(inflight, reverse=True):  # newest first: the oldest ends up at the head
-                key, items = inflight[rid]
-                self._requeue(key, items)
-                touched.add(key)
-            for key in touched:
-                out.extend(self._progress(key))
-        return out
+    def _lost(self, conn: _Conn) -> None:
+        """Forget a departed (or dropped) client: close its link, drop its parked gets, put its items back."""
+        if conn not in self._conns:
+            return
+        self._conns.discard(conn)
+        self._again.discard(conn)
+        conn.alive = False
+        if conn.fd is not None:
+            try:
+                self._selector.unregister(conn.fd)
+            except (KeyError, ValueError, OSError):
+                pass
+        try:
+            conn.link.close()  # ends a reader thread, and a sender blocked on it
+        except Exception:
+            pass
+        with conn.lock:
+            conn.outbox.clear()
+        touched = set()
+        for w in list(conn.parked.values()):
+            w.parked = False
+            q = self._queues.get(w.key)
+            if q is None:
+                continue
+            if w.op == "put":
+                q.putters.remove(w)
+                q.items.append((w.frames, w.weight))  # a parked put from a vanished client is still the user's data
+            else:
+                q.getters.remove(w)
+            touched.add(w.key)
+        conn.parked.clear()
+        inflight, conn.inflight = conn.inflight, {}
+        for rid in sorted(inflight, reverse=True):  # newest first: the oldest ends up at the head
+            key, items = inflight[rid]
+            self._requeue(key, items)
+            touched.add(key)
+        for key in touched:
+            self._progress(key)
 
     def _requeue(self, key: str, items: list) -> None:
-        """Put items that left but were not taken back at the head of ``key``'s queue (lock held)."""
+        """Put items that left but were not taken back at the head of ``key``'s queue."""
         q = self._queues.setdefault(key, _Queue())
         for item in reversed(items):
             q.items.appendleft(item)
 
+    # -- the loop ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        next_check = time.monotonic() + _CHECK_EVERY
+        while True:
+            try:
+                now = time.monotonic()
+                wait = min(next_check, self._timers[0][0] if self._timers else next_check) - now
+                if self._again or self._inbox:
+                    wait = 0
+                # bounded: at most _CHECK_EVERY; a post from another thread wakes it at once
+                for key, mask in self._selector.select(max(0.0, wait)):
+                    conn = key.data
+                    if conn is None:
+                        self._drain_wakeups()
+                        continue
+                    if mask & selectors.EVENT_WRITE:
+                        self._drained(conn)
+                    if mask & selectors.EVENT_READ:
+                        self._read(conn)
+                for conn in list(self._again):
+                    self._read(conn)
+                while self._inbox:
+                    fn, args = self._inbox.popleft()
+                    fn(*args)
+                now = time.monotonic()
+                self._expire(now)
+                if now >= next_check:
+                    next_check = now + _CHECK_EVERY
+                    self._check_connections(now)
+                self._flush_all()
+            except Exception:  # a bug must not end the loop (every client would hang): report it, go on
+                traceback.print_exc()
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def _check_connections(self, now: float) -> None:
+        for conn in list(self._conns):
+            if now - conn.last_heard > self._dead_after:
+                self._lost(conn)  # a hung or partitioned client
+            elif conn.congested_since is not None and now - conn.congested_since > self._send_timeout:
+                self._lost(conn)  # it did not take its replies in time
+
+    # -- replies -----------------------------------------------------------------------
+    def _reply(self, conn: _Conn, ctrl: dict, frames=()) -> None:
+        if not conn.alive:
+            return
+        with conn.lock:
+            conn.outbox.append((ctrl, frames))
+            if conn.scheduled:
+                return
+            conn.scheduled = True
+        self._to_flush.append(conn)
+
+    def _flush_all(self) -> None:
+        flush, self._to_flush = self._to_flush, []
+        for conn in flush:
+            self._sendq.put(conn)
+
+    def _sender(self) -> None:
+        while True:
+            conn = self._sendq.get()  # an idle sender waits here for work: nothing is pending on it
+            try:
+                self._flush(conn)
+            except Exception:
+                traceback.print_exc()
+
+    def _flush(self, conn: _Conn) -> None:
+        """Send ``conn``'s outbox in order; hand it back to the loop if its socket is full."""
+        while True:
+            with conn.lock:
+                if not conn.outbox or not conn.alive:
+                    conn.scheduled = False
+                    return
+                if not conn.writable():  # stays scheduled: the loop resumes it once the socket drains
+                    self._post(self._congested, conn)
+                    return
+                ctrl, frames = conn.outbox.popleft()
+            try:
+                conn.link.send([pack(ctrl), *frames], time.monotonic() + self._send_timeout)
+            except Exception:
+                self._post(self._lost, conn)  # stays scheduled: nothing more is sent to it
+                return
+
+    def _congested(self, conn: _Conn) -> None:
+        if not conn.alive:
+            return
+        if conn.congested_since is None:
+            conn.congested_since = time.monotonic()
+        try:
+            self._selector.modify(conn.fd, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+        except (KeyError, ValueError, OSError):
+            self._lost(conn)
+
+    def _drained(self, conn: _Conn) -> None:
+        conn.congested_since = None
+        try:
+            self._selector.modify(conn.fd, selectors.EVENT_READ, conn)
+        except (KeyError, ValueError, OSError):
+            self._lost(conn)
+            return
+        self._to_flush.append(conn)  # still scheduled: no sender holds it
+
     # -- requests ------------------------------------------------------------------
-    def _handle(self, conn: _Conn, ctrl: dict, item: list) -> list:
+    def _on_message(self, conn: _Conn, frames: list) -> None:
+        if not conn.alive:
+            return
+        conn.last_heard = time.monotonic()
+        ctrl: dict = {}
+        try:
+            ctrl = control(frames[0])
+            self._handle(conn, ctrl, frames[1:])
+        except Exception as exc:
+            self._reply(conn, {"id": ctrl.get("id", -1), "error": "ChannelError",
+                               "message": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+
+    def _handle(self, conn: _Conn, ctrl: dict, item: list) -> None:
         op, rid = ctrl["op"], ctrl.get("id", 0)
         acks = ctrl.get("ids") if op == "ack" else ctrl.get("acks")
         if acks:
-            with self._lock:
-                done = [conn.inflight.pop(i, None) for i in acks]
-            for entry in done:
+            for i in acks:
+                entry = conn.inflight.pop(i, None)
                 if entry is not None:
                     for frames, _ in entry[1]:
                         self._blocks.give_back(frames)
         if op == "ack":
-            return []
+            return
         if op == "ping":
-            return [(conn, {"id": 0, "op": "pong"}, ())]
+            return self._reply(conn, {"id": 0, "op": "pong"})
         if op == "bye":  # the client closes once answered: everything it sent before has been handled
-            return [(conn, {"id": rid}, ())]
+            return self._reply(conn, {"id": rid})
         key = str(ctrl.get("key", "default_queue"))
         timeout = ctrl.get("timeout")
         deadline = None if timeout is None else time.monotonic() + float(timeout)
-        if op == "put":
-            item = _own(item, self._blocks)  # copied before the lock: never pins the producer's memory
-        out: list = []
-        with self._lock:
-            q = self._queues.get(key)
-            if op == "qsize":
-                out.append((conn, {"id": rid, "value": len(q.items) if q else 0}, ()))
-            elif op == "full":
-                out.append((conn, {"id": rid, "value": bool(self.maxsize) and q is not None and len(q.items) >= self.maxsize}, ()))
-            elif op == "cancel":
-                key = self._cancel(conn, ctrl["target"])
-                if key is None:
-                    return out
-            elif op == "put":
-                q = q or self._queues.setdefault(key, _Queue())
-                waiter = _Waiter(conn, rid, op, deadline, item, float(ctrl.get("weight", 0)))
-                if not self.maxsize or len(q.items) < self.maxsize and not q.putters:
-                    q.items.append((item, waiter.weight))
-                    out.append((conn, {"id": rid}, ()))
-                elif ctrl.get("nowait"):
-                    self._blocks.give_back(item)
-                    out.append((conn, {"id": rid, "error": "QueueFull", "message": f"channel {self.name!r} key {show_key(key)} is full ({self.maxsize} items)"}, ()))
-                else:
-                    q.putters.append(waiter)
-                    self._deadline_added(deadline)
-            elif op in ("get", "get_batch"):
-                q = q or self._queues.setdefault(key, _Queue())
-                waiter = _Waiter(conn, rid, op, deadline, target=float(ctrl.get("target", 0)))
-                if op == "get_batch" and q.items and q.items[0][1] > waiter.target and not q.getters:
-                    out.append((conn, {"id": rid, "error": "ValueError", "message":
-                                       f"the next item on key {show_key(key)} weighs {q.items[0][1]}, more than target_weight {waiter.target}"}, ()))
-                elif ctrl.get("nowait") and not q.items:
-                    out.append((conn, {"id": rid, "error": "QueueEmpty", "message": f"channel {self.name!r} key {show_key(key)} is empty"}, ()))
-                else:
-                    q.getters.append(waiter)
-                    self._deadline_added(deadline)
-            else:
-                raise ValueError(f"unknown channel operation {op!r}")
-            out.extend(self._progress(key))
-        return out
-
-    def _deadline_added(self, deadline: Optional[float]) -> None:
-        if deadline is not None:
-            self._timer.notify_all()
-
-    def _send_items(self, w: _Waiter, key: str, items: list) -> tuple:
-        """A reply carrying ``items`` to ``w``; they stay in flight on its connection until acknowledged."""
-        w.conn.inflight[w.rid] = (key, items)
-        frames = [f for item, _ in items for f in item]
-        return (w.conn, {"id": w.rid, "count": len(items), "sizes": [len(item) for item, _ in items]}, frames)
-
-    def _progress(self, key: str) -> list:
-        """Serve whatever the state of ``key`` now allows (called with the lock held)."""
         q = self._queues.get(key)
-        out: list = []
+        if op == "qsize":
+            return self._reply(conn, {"id": rid, "value": len(q.items) if q else 0})
+        if op == "full":
+            return self._reply(conn, {"id": rid, "value": bool(self.maxsize) and q is not None and len(q.items) >= self.maxsize})
+        if op == "cancel":
+            key = self._cancel(conn, ctrl["target"])
+            if key is not None:
+                self._progress(key)
+            return
+        if op == "put":
+            item = _own(item, self._blocks)  # never pins the producer's memory
+            q = q or self._queues.setdefault(key, _Queue())
+            weight = float(ctrl.get("weight", 0))
+            if not self.maxsize or len(q.items) < self.maxsize and not q.putters:
+                q.items.append((item, weight))
+                self._reply(conn, {"id": rid})
+            elif ctrl.get("nowait"):
+                self._blocks.give_back(item)
+                return self._reply(conn, {"id": rid, "error": "QueueFull",
+                                          "message": f"channel {self.name!r} key {show_key(key)} is full ({self.maxsize} items)"})
+            else:
+                self._park(q.putters, _Waiter(conn, rid, op, key, deadline, item, weight))
+        elif op in ("get", "get_batch"):
+            q = q or self._queues.setdefault(key, _Queue())
+            target = float(ctrl.get("target", 0))
+            if op == "get_batch" and q.items and q.items[0][1] > target and not q.getters:
+                self._reply(conn, {"id": rid, "error": "ValueError", "message":
+                                   f"the next item on key {show_key(key)} weighs {q.items[0][1]}, more than target_weight {target}"})
+                return self._maybe_forget(key)
+            if ctrl.get("nowait") and not q.items:
+                self._reply(conn, {"id": rid, "error": "QueueEmpty", "message": f"channel {self.name!r} key {show_key(key)} is empty"})
+                return self._maybe_forget(key)
+            self._park(q.getters, _Waiter(conn, rid, op, key, deadline, target=target))
+        else:
+            raise ValueError(f"unknown channel operation {op!r}")
+        self._progress(key)
+
+    def _park(self, waiters: collections.deque, w: _Waiter) -> None:
+        waiters.append(w)
+        w.conn.parked[w.rid] = w
+        if w.deadline is not None:
+            heapq.heappush(self._timers, (w.deadline, next(self._seq), w))
+
+    def _unpark(self, waiters: collections.deque, w: _Waiter) -> None:
+        waiters.remove(w)
+        w.parked = False
+        w.conn.parked.pop(w.rid, None)
+
+    def _send_items(self, w: _Waiter, items: list) -> None:
+        """A reply carrying ``items`` to ``w``; they stay in flight on its connection until acknowledged."""
+        w.conn.inflight[w.rid] = (w.key, items)
+        frames = [f for item, _ in items for f in item]
+        self._reply(w.conn, {"id": w.rid, "count": len(items), "sizes": [len(item) for item, _ in items]}, frames)
+
+    def _progress(self, key: str) -> None:
+        """Serve whatever the state of ``key`` now allows."""
+        q = self._queues.get(key)
         if q is None:
-            return out
+            return
         progressed = True
         while progressed:
             progressed = False
             while q.putters and (not self.maxsize or len(q.items) < self.maxsize):
-                w = q.putters.popleft()
+                w = q.putters[0]
+                self._unpark(q.putters, w)
                 q.items.append((w.frames, w.weight))
-                out.append((w.conn, {"id": w.rid}, ()))
+                self._reply(w.conn, {"id": w.rid})
                 progressed = True
             for w in list(q.getters):
                 if not q.items:
                     break
                 if w.op == "get":
-                    q.getters.remove(w)
-                    out.append(self._send_items(w, key, [q.items.popleft()]))
+                    self._unpark(q.getters, w)
+                    self._send_items(w, [q.items.popleft()])
                     progressed = True
                 else:
                     full = bool(self.maxsize) and len(q.items) >= self.maxsize
                     batch = self._take_batch(q, w.target, full)
                     if batch is not None:
-                        q.getters.remove(w)
-                        out.append(self._send_items(w, key, batch))
+                        self._unpark(q.getters, w)
+                        self._send_items(w, batch)
                         progressed = True
         self._maybe_forget(key)
-        return out
 
     @staticmethod
     def _take_batch(q: _Queue, target: float, full: bool = False) -> Optional[list]:
@@ -359,44 +584,44 @@ class ChannelServer:
         if entry is not None:
             self._requeue(*entry)
             return entry[0]
-        for key, q in self._queues.items():
-            for waiters in (q.getters, q.putters):
-                for w in waiters:
-                    if w.conn is conn and w.rid == target:
-                        waiters.remove(w)
-                        if w.op == "put":  # its caller was told it failed (timed out, interrupted): it did not happen
-                            self._blocks.give_back(w.frames)
-                        return key
-        return None
+        w = conn.parked.get(target)
+        if w is None:
+            return None
+        q = self._queues[w.key]
+        self._unpark(q.putters if w.op == "put" else q.getters, w)
+        if w.op == "put":  # its caller was told it failed (timed out, interrupted): it did not happen
+            self._blocks.give_back(w.frames)
+        return w.key
 
-    def stats(self) -> dict:
-        with self._lock:
-            return {"keys": len(self._queues), "items": sum(len(q.items) for q in self._queues.values()),
-                    "clients": len(self._conns), "in_flight": sum(len(c.inflight) for c in self._conns)}
+    def _expire(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            _, _, w = heapq.heappop(self._timers)
+            if not w.parked:
+                continue
+            q = self._queues[w.key]
+            self._unpark(q.putters if w.op == "put" else q.getters, w)
+            if w.op == "put":
+                self._blocks.give_back(w.frames)
+            self._reply(w.conn, {"id": w.rid, "error": "Timeout", "message": "timed out waiting"})
+            self._progress(w.key)  # a put that left may let a get_batch or a later put through
 
-    # -- timeouts and dead clients -----------------------------------------------------
-    def _expire_loop(self) -> None:
-        while True:
-            out, silent = [], []
-            with self._timer:
-                now = time.monotonic()
-                soonest = None
-                for key, q in list(self._queues.items()):
-                    for waiters in (q.getters, q.putters):
-                        for w in list(waiters):
-                            if w.deadline is None:
-                                continue
-                            if w.deadline <= now:
-                                waiters.remove(w)
-                                if w.op == "put":
-                                    self._blocks.give_back(w.frames)
-                                out.append((w.conn, {"id": w.rid, "error": "Timeout", "message": "timed out waiting"}, ()))
-                            elif soonest is None or w.deadline < soonest:
-                                soonest = w.deadline
-                    self._maybe_forget(key)
-                silent = [c for c in self._conns if now - c.last_heard > self._dead_after]
-                if not out and not silent:
-                    self._timer.wait(0.5 if soonest is None else min(0.5, max(0.001, soonest - now)))
-            for conn in silent:  # its reader thread then drops it
-                conn.kill()
-            self._deliver(out)
+    # -- introspection -------------------------------------------------------------------
+    def snapshot(self, detail: bool = False) -> dict:
+        """The host's state, read on the loop: totals, and with ``detail`` every key's queue.
+
+        ``keys``/``items``/``clients``/``in_flight`` count keys with state, queued
+        items, connected clients and replies not yet acknowledged; ``queues``
+        maps each key (as ``show_key`` writes it) to its ``items``, parked
+        ``getters`` and parked ``putters``.  Call it on the loop (``stats``
+        does); a request handler may call it directly.
+        """
+        out = {"keys": len(self._queues), "items": sum(len(q.items) for q in self._queues.values()),
+               "clients": len(self._conns), "in_flight": sum(len(c.inflight) for c in self._conns)}
+        if detail:
+            out["queues"] = {show_key(k): {"items": len(q.items), "getters": len(q.getters), "putters": len(q.putters)}
+                             for k, q in self._queues.items()}
+        return out
+
+    def stats(self, detail: bool = False) -> dict:
+        """``snapshot`` from any thread."""
+        return self._ask(lambda: self.snapshot(detail))

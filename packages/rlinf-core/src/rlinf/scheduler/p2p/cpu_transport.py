@@ -488,6 +488,21 @@ class SocketLink(Link):
         with self._rlock:
             return self._next(deadline)
 
+    def poll_fd(self) -> Optional[int]:
+        """The socket, unless a read-ahead thread owns it (readiness then says nothing about messages)."""
+        return self._fd if self._ahead_cond is None else None
+
+    def recv_nowait(self) -> Optional[tuple[bool, list]]:
+        """A complete message, or None without waiting or spinning; a message half read is kept for the next call."""
+        with self._rlock:
+            spin, self._spin = self._spin, 0.0
+            try:
+                return self._next(time.monotonic())  # a passed deadline: the first EAGAIN raises TimeoutError
+            except TimeoutError:
+                return None
+            finally:
+                self._spin = spin
+
     def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
         views = [memoryview(t).cast("B") for t in targets]
         if self._ahead_cond is not None:

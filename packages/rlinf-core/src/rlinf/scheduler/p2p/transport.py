@@ -89,6 +89,21 @@ class Link(ABC):
         """
         return False
 
+    def poll_fd(self) -> Optional[int]:
+        """A descriptor that turns readable when data arrives, so one event loop can serve many links.
+
+        Only for links whose ``recv_nowait`` works; the default (None) means
+        the link must be read by a thread of its own.
+        """
+        return None
+
+    def recv_nowait(self) -> Optional[tuple[bool, list]]:
+        """The next message if it has arrived whole, else None at once (no wait, nothing lost).
+
+        Only called where ``poll_fd`` is not None.
+        """
+        raise NotImplementedError
+
     @abstractmethod
     def close(self) -> None: ...
 
