@@ -466,3 +466,9 @@ class RayLauncher(Launcher):
         if not ray.is_initialized():
             ray.init(address="auto")
         return RaySession(owns_cluster=False)
+
+    def running_groups(self, timeout: float) -> Optional[dict]:
+        """The groups of every driver on the cluster at ``RAY_ADDRESS``, read from their registries."""
+        from .status import running_groups
+
+        return running_groups(timeout)

@@ -374,6 +374,16 @@ class ChannelServer:
             return {"keys": len(self._queues), "items": sum(len(q.items) for q in self._queues.values()),
                     "clients": len(self._conns), "in_flight": sum(len(c.inflight) for c in self._conns)}
 
+    def describe(self, max_keys: int = 200) -> dict:
+        """Read-only, for ``python -m rlinf.scheduler status``: per key its queued items, parked gets and puts."""
+        with self._lock:
+            keys = [{"key": show_key(k), "items": len(q.items), "getters": len(q.getters), "putters": len(q.putters)}
+                    for k, q in self._queues.items()]
+            clients, in_flight = len(self._conns), sum(len(c.inflight) for c in self._conns)
+        keys.sort(key=lambda k: (-k["items"] - k["getters"] - k["putters"], k["key"]))
+        return {"name": self.name, "maxsize": self.maxsize, "clients": clients, "in_flight": in_flight,
+                "num_keys": len(keys), "keys": keys[:max_keys]}
+
     # -- timeouts and dead clients -----------------------------------------------------
     def _expire_loop(self) -> None:
         while True:
