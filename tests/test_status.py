@@ -105,3 +105,51 @@ def test_status_listener_refuses_a_wrong_token(launch):
     g.stop()
     with pytest.raises(OSError):  # the process is gone: refused at once
         status_server.query(endpoint, 5)
+
+
+MPI_PROGRAM = '''
+import json, os, subprocess, sys, time
+from rlinf.scheduler import Cluster, Worker
+
+class Sleeper(Worker):
+    def nap(self, flag):
+        deadline = time.monotonic() + 90
+        while not os.path.exists(flag) and time.monotonic() < deadline:  # runs until the status was taken
+            time.sleep(0.05)
+        return 1
+
+flag = sys.argv[1]
+g = Sleeper.create_group().launch(Cluster(), name="mpi_status")
+running = g.nap(flag)
+time.sleep(0.5)
+env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith(("PMI_", "MPI", "HYDRA"))}
+p = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status", "--json"], capture_output=True, text=True,
+                   env=env, timeout=60)
+print("STATUS", json.dumps({"code": p.returncode, "out": p.stdout, "err": p.stderr[-2000:]}))
+open(flag, "w").close()
+assert running.wait() == [1]
+'''
+
+
+@pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="starts an MPI job of its own")
+@pytest.mark.timeout(200)
+def test_status_of_an_mpi_job(tmp_path):
+    from test_mpi import MPIEXEC, mpirun
+
+    if MPIEXEC is None:
+        pytest.skip("needs mpi4py and an mpiexec (pip install mpi4py mpich)")
+    program = tmp_path / "program.py"
+    program.write_text(MPI_PROGRAM)
+    status_dir = tmp_path / "status"
+    code, out, _ = mpirun(2, [str(program), str(tmp_path / "flag")], timeout=150, RLINF_STATUS_DIR=str(status_dir))
+    assert code == 0, out[-4000:]
+    line = next(ln for ln in out.splitlines() if ln.startswith("STATUS "))
+    result = json.loads(line[len("STATUS "):])
+    assert result["code"] == 0, result
+    snap = json.loads(result["out"])
+    assert snap["launcher"] == "mpi"
+    (g,) = [g for g in snap["groups"] if g["name"] == "mpi_status"]
+    w = g["workers"][0]
+    assert w["alive"] is True and [c["method"] for c in w["calls"]] == ["nap"], w
+    assert oct(os.stat(status_dir).st_mode & 0o777) == "0o700"
+    assert os.listdir(status_dir) == []  # the job removed its file as it ended
