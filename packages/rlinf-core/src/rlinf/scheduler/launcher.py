@@ -214,6 +214,8 @@ class Launcher(ABC):
     """Factory of sessions; built by a ``LauncherPlugin``'s factory."""
 
     name: str = ""
+    #: said when ``running_groups`` does not come back in time (what to check)
+    status_hint: str = ""
 
     def running_groups(self, timeout: float) -> Optional[dict]:
         """For ``python -m rlinf.scheduler status``, from a process outside the cluster.

@@ -17,6 +17,7 @@ import concurrent.futures
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Optional
@@ -29,6 +30,10 @@ DEFAULT_TIMEOUT = 5.0
 WORKER_TIMEOUT = 2.0
 CHANNEL_CLASS = "ChannelHostWorker"
 _CHANNEL_PREFIX = "Channel."
+
+
+#: what the command is doing, for the message if it runs out of time
+_phase = {"now": "looking for a running cluster"}
 
 
 class NothingRunning(RuntimeError):
@@ -44,9 +49,12 @@ def _find(timeout: float, launcher: Optional[str]) -> dict:
         key=lambda p: -p.descriptor.priority)
     reasons = []
     for entry in entries:
-        finder = getattr(entry.descriptor.factory(), "running_groups", None)
+        backend = entry.descriptor.factory()
+        finder = getattr(backend, "running_groups", None)
         if finder is None:
             continue
+        hint = getattr(backend, "status_hint", "")
+        _phase["now"] = f"asking the {entry.name} launcher for the running cluster{'; ' + hint if hint else ''}"
         try:
             found = finder(timeout)
         except RuntimeError as exc:
@@ -99,6 +107,7 @@ def collect(timeout: float = DEFAULT_TIMEOUT, launcher: Optional[str] = None) ->
     per_worker = max(0.2, min(WORKER_TIMEOUT, timeout - (time.monotonic() - start)))
     answers: list = [("no answer", None, "not asked")] * len(jobs)
     if jobs:
+        _phase["now"] = f"asking {len(jobs)} worker(s)"
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(jobs)), thread_name_prefix="rlinf-status")
         futures = [pool.submit(_ask, w.status, per_worker) for _, w in jobs]
         # each query is bounded by per_worker (connect, handshake and reply); the margin covers thread start-up
@@ -169,23 +178,33 @@ def render(snap: dict) -> str:
 
 
 def main(args) -> int:
-    """The ``status`` command: 0 and the report, or 1 and one line saying why there is none."""
-    result: dict = {}
+    """The ``status`` command: 0 and the report, or 1 and one line saying why there is none.
 
-    def run():
-        try:
-            result["snap"] = collect(args.timeout, args.launcher)
-        except NothingRunning as exc:
-            result["error"] = str(exc)
-        except Exception as exc:
-            result["error"] = f"{type(exc).__name__}: {exc}"
+    Bounded: a timer ends the process if the launcher's client (``ray.init``, say)
+    has not come back by ``--timeout`` plus a second.  The process ends with
+    ``os._exit`` once the report is out, so a launcher client's own shutdown
+    cannot hold it either."""
+    if not args.timeout > 0:
+        print(f"rlinf status: --timeout must be a positive number of seconds, got {args.timeout}", file=sys.stderr)
+        return 2
 
-    thread = threading.Thread(target=run, name="rlinf-status", daemon=True)
-    thread.start()
-    thread.join(args.timeout + WORKER_TIMEOUT + 2.0)  # bounded: a launcher client that hangs is left behind
-    if "snap" in result:
-        print(json.dumps(result["snap"], indent=1) if args.json else render(result["snap"]), flush=True)
-        return 0
-    reason = result.get("error") or f"the cluster did not answer within {args.timeout:.0f} s"
-    print(f"rlinf status: {reason.splitlines()[0] if reason else reason}", file=__import__("sys").stderr, flush=True)
-    return 1
+    def expire():
+        print(f"rlinf status: the cluster did not answer within {args.timeout:g} s ({_phase['now']})",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timer = threading.Timer(args.timeout + 1.0, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        snap = collect(args.timeout, args.launcher)
+        text = json.dumps(snap, indent=1) if args.json else render(snap)
+        code = 0
+    except NothingRunning as exc:
+        text, code = f"rlinf status: {str(exc).splitlines()[0]}", 1
+    except Exception as exc:
+        text, code = f"rlinf status: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 1
+    timer.cancel()
+    print(text, file=sys.stdout if code == 0 else sys.stderr, flush=True)
+    sys.stderr.flush()
+    os._exit(code)

@@ -109,12 +109,19 @@ class _StatusServer:
         self._thread.join(SERVE_TIMEOUT + 1)  # bounded: at most one connection is being served
 
 
-def start(host: str) -> dict:
-    """Listen on ``host`` (idempotent); the endpoint to publish with this worker's record."""
+def start(host: str) -> Optional[dict]:
+    """Listen on ``host`` (idempotent); the endpoint to publish with this worker's record.
+
+    None if no port can be had there: the worker runs all the same, and status
+    shows it as ``unknown``."""
     global _server
     with _lock:
         if _server is None:
-            _server = _StatusServer(host)
+            try:
+                _server = _StatusServer(host)
+            except OSError as exc:
+                _log.warning("no status listener on %s: %s", host, exc)
+                return None
         return _server.endpoint()
 
 

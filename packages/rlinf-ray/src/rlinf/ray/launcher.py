@@ -463,6 +463,8 @@ def _start_watchdog():
 
 class RayLauncher(Launcher):
     name = "ray"
+    # Ray's client retries a cluster that refuses its token without saying so
+    status_hint = "a Ray cluster with token authentication needs RAY_AUTH_MODE=token and RAY_AUTH_TOKEN"
 
     def connect(self, num_nodes: int, **options) -> RaySession:
         """Join the cluster named by ``address=`` or ``RAY_ADDRESS`` ("auto": the ``ray start``

@@ -45,7 +45,8 @@ def running_groups(timeout: float) -> Optional[dict]:
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR, configure_logging=False)
         except Exception as exc:
-            raise RuntimeError(f"cannot join the Ray cluster at {address}: {type(exc).__name__}: "
+            raise RuntimeError(f"cannot join the Ray cluster at {address} (with token authentication on, set "
+                               f"RAY_AUTH_MODE=token and RAY_AUTH_TOKEN as for its other clients): {type(exc).__name__}: "
                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
     groups, notes = [], []
     for entry in ray.util.list_named_actors(all_namespaces=True):
