@@ -12,7 +12,6 @@ none was given.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -25,7 +24,6 @@ from .plugins import get_registry
 
 _sessions: dict[str, LauncherSession] = {}
 _lock = threading.Lock()
-_log = logging.getLogger("rlinf.cluster")
 
 #: seconds ``Cluster(num_nodes=N)`` waits for N nodes to join before it gives up
 NODE_WAIT_TIMEOUT_ENV = "RLINF_NODE_WAIT_TIMEOUT"

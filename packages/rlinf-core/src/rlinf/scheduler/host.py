@@ -199,12 +199,6 @@ class WorkerHost:
         if self.is_async:  # waits as long as the user's method runs, like any call
             return asyncio.run_coroutine_threadsafe(self.execute_async(method, args, kwargs), self._own_loop()).result()
         call = calls.begin(method)
-        try:
-            return self._execute(method, args, kwargs)
-        finally:
-            calls.end(call)
-
-    def _execute(self, method: str, args: tuple, kwargs: dict):
         with timing.capture_durations() as durations:
             try:
                 result = getattr(self._instance, method)(*args, **kwargs)
@@ -215,6 +209,8 @@ class WorkerHost:
                 if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, SystemExit) and not self._catch_failure()):
                     raise
                 return self._failure(method, exc, durations)
+            finally:
+                calls.end(call)
 
     async def execute_async(self, method: str, args: tuple, kwargs: dict):
         """``execute`` as a task on the running loop: concurrent with the worker's other calls."""

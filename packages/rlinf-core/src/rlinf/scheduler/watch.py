@@ -37,7 +37,7 @@ class _Watch:
 
     def __init__(self, result):
         self.result = result
-        self.threshold = stuck_after()
+        self.threshold = None  # read at the first tick: most waits end before one
         self.stuck: set = set()
         self.dead: set = set()
         self.seen = 0  # outcomes already looked at (``finished`` only grows, in insertion order)
@@ -49,6 +49,8 @@ class _Watch:
                 self.dead.add(i)
                 _log.warning("worker %s died while running %r: %s", _where(r, r._ranks[i]), r._method, outcome.reason)
         self.seen = len(finished)
+        if self.threshold is None:
+            self.threshold = stuck_after()
         if not self.threshold:
             return
         running = time.monotonic() - r._submitted
