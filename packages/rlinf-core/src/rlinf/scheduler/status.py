@@ -49,7 +49,11 @@ def _find(timeout: float, launcher: Optional[str]) -> dict:
         key=lambda p: -p.descriptor.priority)
     reasons = []
     for entry in entries:
-        backend = entry.descriptor.factory()
+        try:
+            backend = entry.descriptor.factory()
+        except Exception as exc:  # one broken launcher must not hide the others' clusters
+            reasons.append(f"{entry.name}: {type(exc).__name__}: {exc}")
+            continue
         finder = getattr(backend, "running_groups", None)
         if finder is None:
             continue
@@ -193,7 +197,7 @@ def main(args) -> int:
               file=sys.stderr, flush=True)
         os._exit(1)
 
-    timer = threading.Timer(args.timeout + 1.0, expire)
+    timer = threading.Timer(args.timeout + 2.0, expire)  # collect() keeps within timeout + 1 s
     timer.daemon = True
     timer.start()
     try:
