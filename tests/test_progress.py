@@ -25,29 +25,48 @@ class Napper(Worker):
         os._exit(3)
 
 
-@ray_only
-def test_launch_that_waits_for_resources_says_so(cluster, launch, capsys, monkeypatch):
+def _hold_cpus_but(left: float) -> list:
+    """Placement groups holding all of the cluster's free CPU but ``left`` (Ray's view of free resources lags a little)."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
+    hogs = []
+    for _ in range(20):
+        free = ray.available_resources().get("CPU", 0)
+        if free < 2 * left:
+            return hogs
+        pg = placement_group([{"CPU": round(free - left, 4)}])
+        if ray.wait([pg.ready()], timeout=10)[0]:
+            hogs.append(pg)
+        else:  # the free CPU was less than Ray said
+            remove_placement_group(pg)
+        time.sleep(0.5)  # until Ray's view of free resources catches up
+    raise AssertionError(f"could not hold the cluster's CPUs: {ray.available_resources()}")
+
+
+@ray_only
+def test_launch_that_waits_for_resources_says_so(cluster, launch, capsys, monkeypatch):
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
     monkeypatch.setenv("RLINF_PROGRESS_AFTER", "0.5")
     monkeypatch.setenv("RLINF_PROGRESS_EVERY", "0.5")
-    free = ray.available_resources().get("CPU", 0)
-    hog = placement_group([{"CPU": round(free - 0.005, 4)}])  # leaves less than one worker's 0.01 CPU
-    assert ray.get(hog.ready(), timeout=60)
+    hogs = _hold_cpus_but(0.005)  # less than one worker's 0.01 CPU stays free
 
     def free_when_waited_on():
         # the resources appear once the launch has waited for them for a while
         deadline = time.monotonic() + 120
         since = None
         while time.monotonic() < deadline:
+            mine = {h.id.hex() for h in hogs}
             pending = [pg for pg_id, pg in ray.util.placement_group_table().items()
-                       if pg_id != hog.id.hex() and pg["state"] == "PENDING"]
+                       if pg_id not in mine and pg["state"] == "PENDING"]
             since = (since or time.monotonic()) if pending else None
             if since and time.monotonic() - since > 3:
                 break
             time.sleep(0.2)
-        remove_placement_group(hog)
+        for h in hogs:
+            remove_placement_group(h)
 
     freed = threading.Thread(target=free_when_waited_on)
     freed.start()
