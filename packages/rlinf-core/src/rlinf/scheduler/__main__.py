@@ -1,5 +1,6 @@
 """``python -m rlinf.scheduler plugins``: list discovered plugins (launchers, transports,
-accelerators) and whether each is usable."""
+accelerators) and whether each is usable.  ``python -m rlinf.scheduler status``: groups,
+workers and channels of the running cluster (see ``status``)."""
 
 from __future__ import annotations
 
@@ -48,9 +49,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlinf.scheduler")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("plugins", help="list launcher, transport and accelerator plugins and whether each is usable here")
+    st = sub.add_parser("status", help="groups, workers (current calls) and channels of the running cluster "
+                                       "(RAY_ADDRESS, or an MPI job of this user on this machine)")
+    st.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    st.add_argument("--timeout", type=float, default=5.0, help="seconds the command may take (default 5)")
+    st.add_argument("--launcher", default=None, help="ask only this launcher plugin (default: every usable one)")
     args = parser.parse_args(argv)
     if args.command == "plugins":
         return _plugins()
+    if args.command == "status":
+        from . import status
+
+        return status.main(args)
     return 2
 
 

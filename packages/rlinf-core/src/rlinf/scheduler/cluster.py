@@ -12,13 +12,12 @@ none was given.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from . import config, context, security, worker_logging
+from . import config, context, progress, security, worker_logging
 from .launcher import LauncherSession
 from .placement import NodeInfo
 from .plugins import get_registry
@@ -27,13 +26,10 @@ from .tracing.hooks import hook
 
 _sessions: dict[str, LauncherSession] = {}
 _lock = threading.Lock()
-_log = logging.getLogger("rlinf.cluster")
 
 #: seconds ``Cluster(num_nodes=N)`` waits for N nodes to join before it gives up
 NODE_WAIT_TIMEOUT_ENV = "RLINF_NODE_WAIT_TIMEOUT"
 DEFAULT_NODE_WAIT_TIMEOUT = 300.0
-#: seconds between the messages saying what the cluster waits for
-_WAIT_REPORT_EVERY = 5.0
 _POLL = 0.5
 
 
@@ -105,28 +101,25 @@ def _plain_config(cluster_cfg: Any) -> dict:
 
 
 def _wait_for_nodes(session: LauncherSession, wanted: int, timeout: float) -> list[NodeInfo]:
-    """The session's nodes once ``wanted`` have joined; bounded by ``timeout``, reporting every few seconds."""
+    """The session's nodes once ``wanted`` have joined; bounded by ``timeout``, saying what it waits for (``progress``)."""
     start = time.monotonic()
-    next_report = start + _WAIT_REPORT_EVERY
-    while True:
-        nodes = list(session.nodes)
-        if len(nodes) >= wanted:
-            return nodes
-        now = time.monotonic()
-        if now - start >= timeout:
-            raise TimeoutError(
-                f"Cluster(num_nodes={wanted}): only {len(nodes)} node(s) joined the {session.launcher_name} cluster "
-                f"within {timeout:.0f} s; start the missing nodes (ray start --address=...) or ask for fewer "
-                f"(the wait is set by {NODE_WAIT_TIMEOUT_ENV})"
-            )
-        if now >= next_report:
-            _log.warning(
-                "waiting for %d node(s) to join the %s cluster: %d joined so far (%.0f s of at most %.0f s)",
-                wanted, session.launcher_name, len(nodes), now - start, timeout,
-            )
-            next_report = now + _WAIT_REPORT_EVERY
-        time.sleep(min(_POLL, max(0.0, start + timeout - now)))
-        session.refresh_nodes()
+    with progress.Progress() as line:
+        while True:
+            nodes = list(session.nodes)
+            if len(nodes) >= wanted:
+                line.close(f"{len(nodes)} node(s) joined the {session.launcher_name} cluster")
+                return nodes
+            now = time.monotonic()
+            if now - start >= timeout:
+                raise TimeoutError(
+                    f"Cluster(num_nodes={wanted}): only {len(nodes)} node(s) joined the {session.launcher_name} cluster "
+                    f"within {timeout:.0f} s; start the missing nodes (ray start --address=...) or ask for fewer "
+                    f"(the wait is set by {NODE_WAIT_TIMEOUT_ENV})"
+                )
+            line.update(f"waiting for {wanted} node(s) to join the {session.launcher_name} cluster: {len(nodes)} joined "
+                        f"so far, {sum(n.num_gpus for n in nodes)} accelerator(s); giving up after {timeout:.0f} s")
+            time.sleep(min(_POLL, max(0.0, start + timeout - now)))
+            session.refresh_nodes()
 
 
 class Cluster:

@@ -56,6 +56,20 @@ def _float_env(name: str, default: float) -> float:
     return value
 
 
+def _finite_env(name: str, default: float) -> float:
+    """Like ``_float_env`` but zero and negative values pass (settings where they mean "at once" or "off")."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value):
+        raise ValueError(f"environment variable {name}={raw!r} must be a finite number of seconds")
+    return value
+
+
 _timeout_cache: dict = {}
 
 

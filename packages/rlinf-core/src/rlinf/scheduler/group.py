@@ -17,7 +17,7 @@ import time
 import weakref
 from typing import Any, Optional
 
-from . import config, context
+from . import config, context, watch
 from .address import WorkerAddress, validate_group_name
 from .cluster import Cluster
 from .errors import GroupNameError, LaunchError, WorkerDiedError, WorkerError, WorkerMethodError
@@ -65,6 +65,7 @@ class WorkerGroupFuncResult:
         self._method = method
         self._ranks = ranks
         self._calls = calls
+        self._submitted = time.monotonic()  # for the stuck-call report (``watch``)
         self._outcomes: Optional[list] = None
         self._durations: Optional[list[dict]] = None
 
@@ -105,6 +106,7 @@ class WorkerGroupFuncResult:
         timeout = config.check_timeout(timeout)
         if self._outcomes is not None:
             return self._results()
+        watched = watch.watching(self)
         try:
             outcomes = self._group._session.collect(self._calls, timeout)
         except TimeoutError:
@@ -113,12 +115,18 @@ class WorkerGroupFuncResult:
                 f"method {self._method!r} on group {self._group._name!r} did not finish within "
                 f"{timeout} s; ranks still running: {pending}"
             ) from None
+        finally:
+            watch.done(watched)
         return self._finish(outcomes)
 
     async def async_wait(self) -> list:
         """Awaitable ``wait`` that never blocks the event loop."""
         if self._outcomes is None:
-            outcomes = await self._group._session.collect_async(self._calls)
+            watched = watch.watching(self)
+            try:
+                outcomes = await self._group._session.collect_async(self._calls)
+            finally:
+                watch.done(watched)
             if self._outcomes is None:
                 self._finish(outcomes)
         return self._results()

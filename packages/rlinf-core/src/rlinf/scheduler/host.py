@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from . import context, timing
+from . import calls, context, status_server, timing
 from .errors import CommunicationError, LaunchError, WorkerMethodError
 from .info import WorkerInfo
 from .launcher import CallOutcome, WorkerRecord, WorkerSpec, to_wire
@@ -173,7 +173,7 @@ class WorkerHost:
             ) from None
         from .p2p.endpoints import published_endpoints  # imported late: only worker processes listen
 
-        return WorkerRecord(info=info, endpoints=published_endpoints())
+        return WorkerRecord(info=info, endpoints=published_endpoints(), status=status_server.start(node_ip))
 
     def _set_device_env(self, spec: WorkerSpec, env: dict) -> None:
         """Put this worker's accelerator variables into ``env`` (see ``accelerator``); remember what they replace."""
@@ -202,6 +202,7 @@ class WorkerHost:
         loop is done (other calls keep running on that loop meanwhile)."""
         if self.is_async:  # waits as long as the user's method runs, like any call
             return asyncio.run_coroutine_threadsafe(self.execute_async(method, args, kwargs), self._own_loop()).result()
+        call = calls.begin(method)
         with timing.capture_durations() as durations:
             try:
                 result = getattr(self._instance, method)(*args, **kwargs)
@@ -212,6 +213,8 @@ class WorkerHost:
                 if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, SystemExit) and not self._catch_failure()):
                     raise
                 return self._failure(method, exc, durations)
+            finally:
+                calls.end(call)
 
     @hook("run_async")
     async def execute_async(self, method: str, args: tuple, kwargs: dict):
@@ -219,6 +222,7 @@ class WorkerHost:
         limit = self._concurrency_limit()
         if limit is not None:
             await limit.acquire()  # a slot frees when one of this worker's running calls returns (max_concurrency)
+        call = calls.begin(method)
         try:
             with timing.capture_durations() as durations:
                 try:
@@ -231,6 +235,7 @@ class WorkerHost:
                         raise
                     return self._failure(method, exc, durations)
         finally:
+            calls.end(call)
             if limit is not None:
                 limit.release()
 
@@ -317,6 +322,8 @@ class WorkerHost:
         from .p2p.communicator import close_local_communicator
 
         stop_launched_groups()  # first: the worker object may hold the only reference to them
+        status_server.stop()
+        calls.forget()
         self._instance = None
         forget_process_channels()
         close_local_communicator()

@@ -41,6 +41,7 @@ class WorkerRecord:
 
     info: WorkerInfo
     endpoints: dict = field(default_factory=dict)  # transport name -> connection info
+    status: Optional[dict] = field(default=None, repr=False)  # the worker's status listener (``status_server``), with its token
 
 
 @dataclass
@@ -213,6 +214,19 @@ class Launcher(ABC):
     """Factory of sessions; built by a ``LauncherPlugin``'s factory."""
 
     name: str = ""
+    #: said when ``running_groups`` does not come back in time (what to check)
+    status_hint: str = ""
+
+    def running_groups(self, timeout: float) -> Optional[dict]:
+        """For ``python -m rlinf.scheduler status``, from a process outside the cluster.
+
+        Find the running cluster this launcher can see from here (Ray: ``RAY_ADDRESS``)
+        without starting or changing anything, within about ``timeout`` seconds, and
+        return ``{"launcher": name, "address": str, "groups": [GroupRecord, ...]}``; None
+        when this launcher sees no running cluster.  Raise ``RuntimeError`` with a
+        one-line reason when one is named but cannot be reached.
+        """
+        return None
 
     @abstractmethod
     def connect(self, num_nodes: int, **options) -> LauncherSession:

@@ -175,14 +175,15 @@ def server_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
     _send_all(sock, _mac(key, b"server", theirs, challenge), deadline)
 
 
-def client_handshake(sock: socket.socket, deadline: float) -> None:
+def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] = None) -> None:
     """The connecting side: answer the listener's challenge and check its proof in turn.
 
+    ``key`` defaults to the cluster secret (the status listener uses a token of its own).
     Raises ``HandshakeError`` if the listener is not an rlinf listener of this
     cluster (another secret, another user, another program).
     """
     check_peer_uid(sock)
-    key = cluster_secret()
+    key = key or cluster_secret()
     head = _recv_exact(sock, len(_MAGIC) + _NONCE, deadline)
     if head[: len(_MAGIC)] != _MAGIC:
         raise HandshakeError("the listener did not start an rlinf handshake (another program, or another rlinf version)")

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from rlinf.scheduler.errors import PlacementError
 
-from . import runtime
+from . import runtime, status
 
 
 class Coordinator:
@@ -79,11 +79,13 @@ class Coordinator:
         with self._lock:
             self._reserved.discard(record.name)
             self._groups[record.name] = record
+            status.publish(self._groups.values())  # for python -m rlinf.scheduler status
 
     def release(self, name: str) -> None:
         with self._lock:
             self._reserved.discard(name)
-            self._groups.pop(name, None)
+            if self._groups.pop(name, None) is not None:
+                status.publish(self._groups.values())
 
     def lookup(self, name: str) -> Optional[object]:
         with self._lock:

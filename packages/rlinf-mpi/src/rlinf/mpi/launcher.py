@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 import cloudpickle
 
-from rlinf.scheduler import config
+from rlinf.scheduler import config, watch
 from rlinf.scheduler.errors import GroupNameError, LaunchError, WorkerError
 from rlinf.scheduler.launcher import CallOutcome, Died, Launcher, LauncherSession, PendingCall, Rejected, from_wire
 from rlinf.scheduler.placement import NodeInfo
@@ -243,6 +243,7 @@ class MpiSession(LauncherSession):
                 break
             if deadline is not None and now >= deadline:
                 raise TimeoutError("calls did not finish in time")
+            watch.tick(outcomes)  # stuck calls and dead workers are reported as the wait goes on
             limits = [t - now for t in (deadline, grace_end) if t is not None]
             concurrent.futures.wait(pending, timeout=min([_SLICE, *limits]), return_when=concurrent.futures.FIRST_COMPLETED)
             for i, call in enumerate(calls):
@@ -281,3 +282,9 @@ class MpiLauncher(Launcher):
 
     def attach(self) -> MpiSession:
         return MpiSession(runtime.world())
+
+    def running_groups(self, timeout: float) -> Optional[dict]:
+        """The MPI jobs of this user on this machine, from the files their rank 0 keeps (``status``)."""
+        from .status import running_groups
+
+        return running_groups(timeout)

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from rlinf.scheduler import config
+from rlinf.scheduler import config, progress, watch
 from rlinf.scheduler.errors import GroupNameError, LaunchError, WorkerError
 from rlinf.scheduler.launcher import (
     CallOutcome,
@@ -217,14 +217,9 @@ class RaySession(LauncherSession):
         group = specs[0].group_key
         pg = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
         actors = []
+        line = progress.Progress()
         try:
-            ready, _ = ray.wait([pg.ready()], timeout=timeout)
-            if not ready:
-                raise LaunchError(
-                    f"the cluster could not reserve resources {bundles} on nodes "
-                    f"{[s.node.node_rank for s in specs]} within {timeout:.0f} s",
-                    group=group,
-                )
+            self._wait_for_resources(pg, specs, bundles, timeout, line)
             is_async = bool(specs[0].async_methods)
             remote_cls = actor_class(specs[0].class_name, specs[0].methods, is_async)
             for i, spec in enumerate(specs):
@@ -237,22 +232,53 @@ class RaySession(LauncherSession):
                 )
             port_ref = actors[0]._rlinf_reserve_master_port.remote()
             refs = [a._rlinf_construct.remote(spec, payload, port_ref) for a, spec in zip(actors, specs)]
-            records = self._collect_launch(refs, specs, timeout)
+            records = self._collect_launch(refs, specs, timeout, line)
         except BaseException:
+            line.close()
             for a in actors:
                 ray.kill(a, no_restart=True)
             remove_placement_group(pg)
             raise
+        line.close(f"group {group}: {len(specs)} worker(s) started")
         self._groups[group] = (actors, pg)  # held until stopped: Ray ends actors nobody holds
         return [(RayHandle(a, s.placement.rank), r) for a, s, r in zip(actors, specs, records)]
 
-    def _collect_launch(self, refs, specs, timeout):
+    def _wait_for_resources(self, pg, specs, bundles, timeout, line) -> None:
+        """Wait (in slices, saying what for) until the placement group is reserved; ``LaunchError`` after ``timeout``."""
+        ray = self._ray
+        deadline = time.monotonic() + timeout
+        need: dict = {}
+        for b in bundles:
+            for k, v in b.items():
+                need[k] = need.get(k, 0) + v
+        reserved = pg.ready()  # one check task, waited on in slices
+        while True:
+            ready, _ = ray.wait([reserved], timeout=max(0.0, min(_SLICE, deadline - time.monotonic())))
+            if ready:
+                return
+            if time.monotonic() >= deadline:
+                raise LaunchError(
+                    f"the cluster could not reserve resources {bundles} on nodes "
+                    f"{[s.node.node_rank for s in specs]} within {timeout:.0f} s",
+                    group=specs[0].group_key,
+                )
+            if line.elapsed >= 1.0:  # Ray's view of free resources costs a request: only for waits that last
+                free = ray.available_resources()
+                have = ", ".join(f"{k} {free.get(k, 0):g} free of {v:g} needed" for k, v in need.items())
+                line.update(f"group {specs[0].group_key}: waiting for resources on node(s) "
+                            f"{sorted({s.node.node_rank for s in specs})}: {have} (cluster-wide)")
+
+    def _collect_launch(self, refs, specs, timeout, line):
         ray = self._ray
         deadline = time.monotonic() + timeout
         spec_of = dict(zip(refs, specs))
         pending = list(refs)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            ready, pending = ray.wait(pending, num_returns=1,
+                                      timeout=max(0.0, min(_SLICE, deadline - time.monotonic())))
+            line.update(f"group {specs[0].group_key}: {len(refs) - len(pending)} of {len(refs)} worker(s) started")
+            if not ready and time.monotonic() < deadline:
+                continue
             if not ready:
                 ranks = [spec_of[r].placement.rank for r in pending]
                 raise LaunchError(f"workers did not start within {timeout:.0f} s (ranks {ranks})", group=specs[0].group_key)
@@ -314,6 +340,7 @@ class RaySession(LauncherSession):
                 outcomes[index[ref]] = outcome
                 if grace_end is None and not (type(outcome) is CallOutcome and outcome.ok):  # failed or died
                     grace_end = time.monotonic() + config.error_grace()
+            watch.tick(outcomes)  # stuck calls and dead workers are reported as the wait goes on
             now = time.monotonic()
             if pending and grace_end is not None and now >= grace_end:
                 break
@@ -345,16 +372,20 @@ class RaySession(LauncherSession):
         import asyncio
 
         tasks = [asyncio.ensure_future(_outcome_of(c.ref)) for c in calls]
+        index = {t: i for i, t in enumerate(tasks)}
         pending = set(tasks)
+        finished: dict = {}
         grace_end = None
         try:
             while pending:
-                # no deadline before a failure: like ``wait()`` without a timeout, the
-                # calls themselves are bounded (by RLINF_TIMEOUT for communication)
-                wait_for = None if grace_end is None else max(0.0, grace_end - time.monotonic())
+                # no deadline before a failure: like ``wait()`` without a timeout, the calls themselves
+                # are bounded (by RLINF_TIMEOUT for communication); slices let ``watch`` report stuck calls
+                wait_for = _SLICE if grace_end is None else max(0.0, min(_SLICE, grace_end - time.monotonic()))
                 done, pending = await asyncio.wait(pending, timeout=wait_for, return_when=asyncio.FIRST_COMPLETED)
                 if grace_end is None and any(not (type(t.result()) is CallOutcome and t.result().ok) for t in done):
                     grace_end = time.monotonic() + config.error_grace()
+                finished.update((index[t], t.result()) for t in done)
+                watch.tick(finished)
                 if pending and grace_end is not None and time.monotonic() >= grace_end:
                     break
         finally:
@@ -432,6 +463,8 @@ def _start_watchdog():
 
 class RayLauncher(Launcher):
     name = "ray"
+    # Ray's client retries a cluster that refuses its token without saying so
+    status_hint = "a Ray cluster with token authentication needs RAY_AUTH_MODE=token and RAY_AUTH_TOKEN"
 
     def connect(self, num_nodes: int, **options) -> RaySession:
         """Join the cluster named by ``address=`` or ``RAY_ADDRESS`` ("auto": the ``ray start``
@@ -466,3 +499,9 @@ class RayLauncher(Launcher):
         if not ray.is_initialized():
             ray.init(address="auto")
         return RaySession(owns_cluster=False)
+
+    def running_groups(self, timeout: float) -> Optional[dict]:
+        """The groups of every driver on the cluster at ``RAY_ADDRESS``, read from their registries."""
+        from .status import running_groups
+
+        return running_groups(timeout)

@@ -39,11 +39,13 @@ class ChannelHostWorker(Worker):
 
     def __init__(self, channel_name: str, maxsize: int):
         super().__init__()
+        from .. import status_server
         from ..p2p.communicator import local_communicator
         from .server import ChannelServer
 
         self._server = ChannelServer(channel_name, maxsize)
         local_communicator(create=True).add_service("channel", self._server.on_connect)
+        status_server.add_section("channel", self._server.describe)  # python -m rlinf.scheduler status
 
     def ping(self) -> bool:
         return True

@@ -625,3 +625,14 @@ class ChannelServer:
     def stats(self, detail: bool = False) -> dict:
         """``snapshot`` from any thread."""
         return self._ask(lambda: self.snapshot(detail))
+
+    def describe(self, max_keys: int = 200, timeout: float = 2.0) -> dict:
+        """Read-only, for ``python -m rlinf.scheduler status``: per key its queued items, parked gets and puts.
+
+        Read on the loop (bounded by ``timeout``), like ``stats``.
+        """
+        snap = self._ask(lambda: self.snapshot(True), timeout=timeout)
+        keys = [{"key": k, **v} for k, v in snap["queues"].items()]
+        keys.sort(key=lambda k: (-k["items"] - k["getters"] - k["putters"], k["key"]))
+        return {"name": self.name, "maxsize": self.maxsize, "clients": snap["clients"], "in_flight": snap["in_flight"],
+                "num_keys": len(keys), "keys": keys[:max_keys]}

@@ -1,0 +1,104 @@
+"""How ``python -m rlinf.scheduler status`` finds a running MPI job: a file rank 0 keeps current.
+
+There is no cluster service to ask, so rank 0 writes its group registry
+(names, classes, each worker's info and status listener) as JSON to
+``<status dir>/mpi-<pid>.json`` whenever a group is registered or released,
+and removes it when the program ends.  The directory is the user's own
+(mode 0700, see ``rlinf.scheduler.status_dir``) and the file mode 0600: the
+workers' status tokens in it stay the user's.  A status process reads the
+files of jobs whose rank 0 still runs on this machine; JSON only, nothing is
+unpickled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import glob
+import json
+import os
+import tempfile
+from typing import Optional
+
+from rlinf.scheduler.address import WorkerAddress
+from rlinf.scheduler.info import WorkerInfo
+from rlinf.scheduler.launcher import GroupRecord, WorkerRecord
+from rlinf.scheduler.status_dir import private_status_dir, status_dir
+
+_path: Optional[str] = None
+
+
+def _worker(record) -> dict:
+    i = record.info
+    return {"rank": i.rank, "node_id": i.node_id, "gpu_id": i.gpu_id, "node_ip": i.node_ip,
+            "available_gpus": list(i.available_gpus or []), "pid": i.pid, "hostname": i.hostname,
+            "status": getattr(record, "status", None)}
+
+
+def publish(records) -> None:
+    """Rank 0: write the job's groups (called with the registry's lock held, so writes do not interleave)."""
+    global _path
+    body = {"launcher": "mpi", "pid": os.getpid(),
+            "groups": [{"name": r.name, "class": r.class_name, "workers": [_worker(w) for w in r.workers]}
+                       for r in records]}
+    try:
+        directory = private_status_dir(create=True)
+        path = os.path.join(directory, f"mpi-{os.getpid()}.json")
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".mpi-", suffix=".tmp")  # mode 0600
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f)
+        os.replace(tmp, path)
+    except OSError:
+        return  # status is an aid: a read-only or foreign directory must not break the job
+    if _path is None:
+        atexit.register(unpublish)
+    _path = path
+
+
+def unpublish() -> None:
+    global _path
+    if _path is not None:
+        try:
+            os.unlink(_path)
+        except OSError:
+            pass
+        _path = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def running_groups(timeout: float) -> Optional[dict]:
+    """The groups of the MPI jobs of this user on this machine; None if there is none."""
+    try:
+        directory = private_status_dir(create=False)
+    except FileNotFoundError:
+        return None
+    except PermissionError as exc:
+        raise RuntimeError(str(exc)) from None
+    groups, jobs = [], []
+    for path in sorted(glob.glob(os.path.join(directory, "mpi-*.json"))):
+        try:
+            with open(path) as f:
+                body = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if not _alive(int(body.get("pid", 0))):
+            continue  # a job that ended without cleaning up
+        jobs.append(str(body["pid"]))
+        for g in body.get("groups", []):
+            workers = []
+            for w in g["workers"]:
+                status = w.pop("status", None)
+                info = WorkerInfo(address=WorkerAddress(g["name"]).get_child_address(w["rank"]), **w)
+                workers.append(WorkerRecord(info=info, status=status))
+            groups.append(GroupRecord(g["name"], g["class"], workers, "mpi"))
+    if not jobs:
+        return None
+    return {"launcher": "mpi", "address": f"job(s) with rank 0 pid {', '.join(jobs)} ({status_dir()})", "groups": groups}

@@ -1,0 +1,167 @@
+"""``python -m rlinf.scheduler status`` against the suite's live Ray cluster, run as a separate process."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlinf.scheduler import Channel, Worker
+from rlinf.scheduler import status_server
+
+from launcher_marks import TEST_LAUNCHER
+
+pytestmark = pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="runs the status command against the session's Ray cluster")
+
+
+class Sleeper(Worker):
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self._rank
+
+    def park(self, channel, key):
+        return channel.get(key=key, timeout=60)
+
+
+class AsyncSleeper(Worker):
+    async def nap(self, seconds: float) -> int:
+        import asyncio
+
+        await asyncio.sleep(seconds)
+        return self._rank
+
+
+def _status(*args, timeout=60, **env):
+    import ray
+
+    full = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address, **env)
+    start = time.monotonic()
+    # --timeout: generous, for a loaded machine (importing Ray alone can take seconds there)
+    proc = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status", "--timeout", "30", *args],
+                          capture_output=True, text=True, env=full, timeout=timeout)
+    return proc, time.monotonic() - start
+
+
+def _until_running(group, methods, timeout=60):
+    """Until the group's worker 0 runs ``methods`` (asked directly, as the status command does)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        calls = [c["method"] for c in status_server.query(group._records[0].status, 5)["calls"]]
+        if calls == methods or time.monotonic() > deadline:
+            assert calls == methods
+            return
+        time.sleep(0.05)
+
+
+def test_status_lists_groups_calls_and_channels(cluster, launch):
+    sync = launch(Sleeper, name="status_sync")
+    aio = launch(AsyncSleeper, name="status_async")
+    ch = Channel.create("status_chan")
+    for i in range(3):
+        ch.put(i, key="full")
+    parked = sync.park(ch, "empty")  # a getter parked on the host until the item below arrives
+    napping = [aio.nap(30), aio.nap(30)]  # two concurrent calls on one async worker
+    _until_running(sync, ["park"])
+    _until_running(aio, ["nap", "nap"])
+
+    proc, _ = _status("--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    snap = json.loads(proc.stdout)
+    assert snap["launcher"] == "ray"
+    groups = {g["name"]: g for g in snap["groups"]}
+    g = groups["status_sync"]
+    assert (g["class"], g["size"], g["nodes"]) == ("Sleeper", 1, [0])
+    w = g["workers"][0]
+    info = sync.worker_info_list[0]
+    assert (w["rank"], w["pid"], w["node"], w["alive"], w["state"]) == (0, info.pid, 0, True, "alive")
+    assert [c["method"] for c in w["calls"]] == ["park"] and w["calls"][0]["running_s"] > 0
+    a = groups["status_async"]["workers"][0]
+    assert [c["method"] for c in a["calls"]] == ["nap", "nap"], a
+    chans = {c["name"]: c for c in snap["channels"]}
+    keys = {k["key"]: k for k in chans["status_chan"]["keys"]}
+    assert keys["'full'"]["items"] == 3 and keys["'empty'"]["getters"] == 1, keys
+    assert chans["status_chan"]["host"]["alive"] is True
+
+    # the readable form, and the worker still answers the status while its call keeps running
+    proc, _ = _status()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "status_sync/0" in proc.stdout and "park (" in proc.stdout and "status_chan" in proc.stdout
+    ch.put("x", key="empty")
+    assert parked.wait(timeout=30) == ["x"]
+
+
+def test_status_says_nothing_runs(cluster):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status"], capture_output=True, text=True,
+                          env=dict(env, RLINF_STATUS_DIR=os.path.join(os.path.dirname(__file__), "no-such-dir")),
+                          timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and "no running rlinf cluster" in proc.stderr, proc.stderr
+    closed = status_server.socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]  # bound, never listening: nothing answers there
+    proc = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status"], capture_output=True, text=True,
+                          env=dict(env, RAY_ADDRESS=f"127.0.0.1:{port}"), timeout=60)
+    closed.close()
+    assert proc.returncode == 1 and f"127.0.0.1:{port}" in proc.stderr, proc.stderr
+
+
+def test_status_listener_refuses_a_wrong_token(launch):
+    g = launch(Sleeper, name="status_token")
+    endpoint = g._records[0].status
+    assert status_server.query(endpoint, 5)["pid"] == g.worker_info_list[0].pid
+    with pytest.raises(ConnectionError):
+        status_server.query(dict(endpoint, token="00" * 32), 5)
+    g.stop()
+    with pytest.raises(OSError):  # the process is gone: refused at once
+        status_server.query(endpoint, 5)
+
+
+MPI_PROGRAM = '''
+import json, os, subprocess, sys, time
+from rlinf.scheduler import Cluster, Worker
+
+class Sleeper(Worker):
+    def nap(self, flag):
+        deadline = time.monotonic() + 90
+        while not os.path.exists(flag) and time.monotonic() < deadline:  # runs until the status was taken
+            time.sleep(0.05)
+        return 1
+
+flag = sys.argv[1]
+g = Sleeper.create_group().launch(Cluster(), name="mpi_status")
+running = g.nap(flag)
+time.sleep(0.5)
+env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith(("PMI_", "MPI", "HYDRA"))}
+p = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status", "--json"], capture_output=True, text=True,
+                   env=env, timeout=60)
+print("STATUS", json.dumps({"code": p.returncode, "out": p.stdout, "err": p.stderr[-2000:]}))
+open(flag, "w").close()
+assert running.wait() == [1]
+'''
+
+
+@pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="starts an MPI job of its own")
+@pytest.mark.timeout(200)
+def test_status_of_an_mpi_job(tmp_path):
+    from test_mpi import MPIEXEC, mpirun
+
+    if MPIEXEC is None:
+        pytest.skip("needs mpi4py and an mpiexec (pip install mpi4py mpich)")
+    program = tmp_path / "program.py"
+    program.write_text(MPI_PROGRAM)
+    status_dir = tmp_path / "status"
+    code, out, _ = mpirun(2, [str(program), str(tmp_path / "flag")], timeout=150, RLINF_STATUS_DIR=str(status_dir))
+    assert code == 0, out[-4000:]
+    line = next(ln for ln in out.splitlines() if ln.startswith("STATUS "))
+    result = json.loads(line[len("STATUS "):])
+    assert result["code"] == 0, result
+    snap = json.loads(result["out"])
+    assert snap["launcher"] == "mpi"
+    (g,) = [g for g in snap["groups"] if g["name"] == "mpi_status"]
+    w = g["workers"][0]
+    assert w["alive"] is True and [c["method"] for c in w["calls"]] == ["nap"], w
+    assert oct(os.stat(status_dir).st_mode & 0o777) == "0o700"
+    assert os.listdir(status_dir) == []  # the job removed its file as it ended
