@@ -21,6 +21,7 @@ PATHS = ["shm", "tcp"]
 
 def _use_path(path: str) -> None:
     os.environ["RLINF_CPU_LOCAL"] = "0" if path == "tcp" else "1"
+    os.environ["RLINF_BROADCAST_EAGER_KB"] = "0"  # every payload takes the written-once path these tests check
 
 
 def _counts() -> dict:
@@ -152,6 +153,28 @@ def _views(w):
 @cpu_transport_internals
 def test_receivers_without_out_get_private_views(five):
     assert [r.wait(timeout=120)[0] for r in _on(five, range(4), _views)] == [None, True, True, True]
+
+
+def _eager_source(w):
+    os.environ.pop("RLINF_BROADCAST_EAGER_KB", None)
+    os.environ["RLINF_CPU_LOCAL"] = "1"
+    start = time.monotonic()
+    got = w.broadcast({"step": 7, "t": torch.arange(4)}, groups=[("wsync", [0, 1, 2])], timeout=60)
+    return got["step"], time.monotonic() - start
+
+
+def _eager_receiver(w):
+    got = w.broadcast(groups=[("wsync", [0, 1, 2])], timeout=60)
+    return got["step"], got["t"].tolist()
+
+
+@cpu_transport_internals
+def test_small_broadcast_returns_at_the_source_before_any_receiver_called(five):
+    """Small payloads are eager, as a send is: a program may wait on the source before it calls the receivers."""
+    step, took = five.execute_on(0).run(ship(_eager_source)).wait(timeout=60)[0]
+    assert step == 7 and took < 30, took  # returned although no receiver has called broadcast yet
+    got = [r.wait(timeout=60)[0] for r in _on(five, [1, 2], _eager_receiver)]
+    assert got == [(7, [0, 1, 2, 3])] * 2
 
 
 @survives_worker_death

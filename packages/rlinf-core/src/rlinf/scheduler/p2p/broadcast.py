@@ -36,7 +36,15 @@ naming the key; the receiver still relays the payload to its successor.
 
 Broadcasts of one process run one at a time, in call order (``async_op``
 ones on a serial thread), so a process's connections to a peer pair up
-with that peer's calls in order.  Objects holding device tensors, and
+with that peer's calls in order.
+
+Like MPI's eager and rendezvous protocols, a small payload (at most
+``RLINF_BROADCAST_EAGER_KB``, default 1024) is copied and served in the
+background, so the source returns at once, as a point-to-point ``send``
+does, even if no receiver has called ``broadcast`` yet; a failure then
+(a receiver that never comes within the timeout) is logged on the
+source.  A larger one waits for its receivers: it is written once and
+read in place, so it cannot be released before they have it.  Objects holding device tensors, and
 broadcasts through a transport other than ``cpu``, take the point-to-point
 path (one send per receiver).
 """
@@ -61,6 +69,7 @@ from .ordering import SerialRunner, Turnstile
 
 SERVICE = "rlinf-broadcast"
 CHUNK_ENV = "RLINF_BROADCAST_CHUNK_MB"
+EAGER_ENV = "RLINF_BROADCAST_EAGER_KB"
 LOCAL_ENV = "RLINF_CPU_LOCAL"
 _ALIGN = 64
 #: seconds between liveness probes of a peer that has not joined yet
@@ -69,6 +78,18 @@ PROBE_INTERVAL = 1.0
 
 def _chunk_bytes() -> int:
     return max(1 << 16, int(float(os.environ.get(CHUNK_ENV, "4")) * (1 << 20)))
+
+
+def _eager_bytes() -> int:
+    return max(0, int(float(os.environ.get(EAGER_ENV, "1024")) * 1024))
+
+
+def _eager_payload(obj) -> Optional[_Payload]:
+    """The payload, copied, when it is small enough to serve after the source returned; else None."""
+    payload = encode(obj)
+    if sum(b.nbytes for b in payload.buffers) > _eager_bytes():
+        return None
+    return _Payload(payload.meta, [memoryview(bytes(b)) for b in payload.buffers])
 
 
 def _layout(sizes: list) -> tuple[list, int]:
@@ -421,14 +442,16 @@ def _plan(comm, members: list, src) -> tuple[dict, dict]:
 
 
 # -- the source ------------------------------------------------------------------------------
-def _serve(comm, state: _State, obj, members, src, parent, deadline: float, timeout: float, fallback: bool):
+def _serve(comm, state: _State, obj, members, src, parent, deadline: float, timeout: float, fallback: bool,
+           payload: Optional[_Payload] = None):
     children = [_Child(comm, r) for r in members if r != src and parent[r.get_name()] == src]
     for c in children:
         c.join(state, deadline)
     if fallback:
         return _serve_p2p(comm, obj, members, src, children, deadline, timeout)
     try:
-        payload = encode(obj)
+        if payload is None:
+            payload = encode(obj)
     except Exception as exc:
         abort = _dumps({"form": "abort", "text": f"{comm.name} could not serialize the {_describe(obj)} it "
                                                   f"broadcast: {type(exc).__name__}: {exc}"})
@@ -637,8 +660,14 @@ def broadcast(comm, obj, members: list, src, out, transport: Optional[str], time
     ticket = state.turnstile.take()
     plan = _plan(comm, members, src)
     fallback = False
+    eager = None
     if me == src:
         fallback = device_routing.may_hold_device_tensors(obj) and device_routing.needs_device_path(obj)
+        if not fallback and not async_op and len(members) > 1:
+            try:
+                eager = _eager_payload(obj)
+            except Exception:  # _serve encodes it again, tells the receivers, and raises
+                eager = None
 
     def op():
         deadline = time.monotonic() + timeout
@@ -646,7 +675,7 @@ def broadcast(comm, obj, members: list, src, out, transport: Optional[str], time
             state.turnstile.wait_turn(ticket, deadline)
             parent, child = plan
             if me == src:
-                return _serve(comm, state, obj, members, src, parent, deadline, timeout, fallback)
+                return _serve(comm, state, obj, members, src, parent, deadline, timeout, fallback, eager)
             return _receive(comm, state, me, members, src, parent, child, out, deadline, timeout)
         except TimeoutError as exc:
             if isinstance(exc, CommunicationError):
@@ -657,4 +686,16 @@ def broadcast(comm, obj, members: list, src, out, transport: Optional[str], time
 
     if async_op:
         return AsyncWork(state.runner.submit(op), "broadcast")
+    if eager is not None:
+        state.runner.submit(op).add_done_callback(lambda f: _log_eager_failure(comm, f))
+        return obj
     return op()
+
+
+def _log_eager_failure(comm, fut) -> None:
+    """A small broadcast the source already returned from failed: nobody waits on it, so say so."""
+    exc = fut.exception()
+    if exc is not None:
+        import logging
+
+        logging.getLogger("rlinf.broadcast").error("%s: a broadcast it returned from early failed: %s", comm.name, exc)
