@@ -27,10 +27,15 @@ def report(case, **result):
     print(f"CASE {case} {json.dumps(result)}", flush=True)
 
 
-def tcp_peers(pid=None):
-    """(local ip, remote ip) of this process's established TCP connections."""
-    conns = psutil.Process(pid).net_connections(kind="tcp")
-    return sorted({(c.laddr.ip, c.raddr.ip) for c in conns if c.status == psutil.CONN_ESTABLISHED and c.raddr})
+def tcp_connections():
+    """This process's established TCP connections, as (local ip, local port, remote ip, remote port)."""
+    conns = psutil.Process().net_connections(kind="tcp")
+    return {(*c.laddr, *c.raddr) for c in conns if c.status == psutil.CONN_ESTABLISHED and c.raddr}
+
+
+def new_tcp_peers(before):
+    """(local ip, remote ip) of each TCP connection made since ``before`` was taken."""
+    return sorted((c[0], c[2]) for c in tcp_connections() - before)
 
 
 def failure(exc):
@@ -47,6 +52,7 @@ class Host(Worker):
         peer = second if self._rank == first else first
         mine = torch.arange(1 << 18, dtype=torch.float32) + self._rank  # 1 MiB
         got = torch.empty_like(mine)
+        before = tcp_connections()
         if self._rank == first:
             self.send({"from": self._rank, "t": mine}, GROUP, peer)
             back = self.recv(GROUP, peer)
@@ -61,7 +67,7 @@ class Host(Worker):
         return {
             "object_ok": back["from"] == peer and torch.equal(back["t"], want),
             "tensor_ok": torch.equal(got, want),
-            "tcp": tcp_peers(),
+            "new_tcp": new_tcp_peers(before),  # the links this exchange made, if they are TCP
         }
 
     # -- broadcast to two other hosts and one worker on the same host -------------
@@ -139,7 +145,7 @@ def main(ips, switch_ns, host2_ns):
     group = Host.create_group().launch(
         cluster, placement_strategy=NodePlacementStrategy([nodes[0], nodes[1], nodes[2], nodes[0]]), name=GROUP
     )
-    report("placement", ok=True, where=group.where().wait(), driver_tcp=tcp_peers())
+    report("placement", ok=True, where=group.where().wait())
 
     def p2p():
         cross = group.execute_on(0, 1).exchange(0, 1).wait()
