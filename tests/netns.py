@@ -121,7 +121,8 @@ class NetnsHosts:
         """A Ray head in host 0 and a node in every other host; return once every node has started.
 
         A node gives up if it has not registered within Ray's fixed 30 s (which
-        a loaded machine can miss), so one that exits is started again, once.
+        a loaded machine can miss), so one that exits is started again, once,
+        after what it left in its host is killed.
         """
         deadline = time.monotonic() + timeout
         self._num_cpus = num_cpus
@@ -157,9 +158,10 @@ class NetnsHosts:
                         waiting.remove(i)
                         continue
                 if self._nodes[i].poll() is not None:
-                    if i in retried or i == 0:
+                    if i in retried:
                         raise RuntimeError(f"ray start in host {i} exited with {self._nodes[i].returncode}:\n{self.logs()}")
                     retried.add(i)
+                    self.kill_host(i)  # what the failed start left behind (only Ray's processes live there yet)
                     os.rename(self._log(i), self._log(i) + ".first")
                     self._start_node(i, self._num_cpus)
             if waiting and time.monotonic() > deadline:
