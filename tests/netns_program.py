@@ -92,7 +92,8 @@ class Host(Worker):
 
     # -- a partition: host 1's cable is cut while rank 0 sends to it --------------
     def partition_sender(self, switch_ns, port, timeout):
-        assert self.recv(GROUP, 1) == "ready"  # both directions are connected now
+        self.send("warm", GROUP, 1)
+        assert self.recv(GROUP, 1) == "ready"  # both directions are connected now, so the send below starts at once
         subprocess.run(["ip", "-n", switch_ns, "link", "set", port, "down"], check=True, timeout=30)
         start = time.monotonic()
         try:
@@ -106,6 +107,7 @@ class Host(Worker):
         return result
 
     def partition_receiver(self):
+        assert self.recv(GROUP, 0) == "warm"
         self.send("ready", GROUP, 0)
         return self.recv(GROUP, 0, timeout=90)
 
