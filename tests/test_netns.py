@@ -33,7 +33,7 @@ def cases():
     hosts = NetnsHosts(3)
     try:
         hosts.create()
-        hosts.start_ray(num_cpus=1)
+        hosts.start_ray(num_cpus=2)  # Ray starts min(cores, num_cpus) worker processes at once
         done = hosts.run(0, [sys.executable, PROGRAM, ",".join(hosts.ips), hosts.switch, hosts.names[2]],
                          timeout=300, extra_env={"RLINF_ERROR_GRACE": "2", "RLINF_TIMEOUT": "120"})
         found = {}
