@@ -30,6 +30,8 @@ from typing import Optional
 
 SUBNET = "10.231.0"
 RAY_PORT = 6379  # every namespace has its own ports: the defaults cannot clash
+#: how often a node is started before giving up (Ray gives a node a fixed 30 s to register)
+START_TRIES = 3
 
 
 def unavailable_reason() -> Optional[str]:
@@ -121,8 +123,8 @@ class NetnsHosts:
         """A Ray head in host 0 and a node in every other host; return once every node has started.
 
         A node gives up if it has not registered within Ray's fixed 30 s (which
-        a loaded machine can miss), so one that exits is started again, once,
-        after what it left in its host is killed.
+        a loaded machine can miss), so one that exits is started again (up to
+        ``START_TRIES`` times), after what it left in its host is killed.
         """
         deadline = time.monotonic() + timeout
         self._num_cpus = num_cpus
@@ -149,7 +151,7 @@ class NetnsHosts:
 
     def _wait_started(self, hosts: list[int], deadline: float) -> None:
         """Wait until each node's ``ray start`` says it runs (it does once the GCS knows the node)."""
-        retried: set[int] = set()
+        starts = {i: 1 for i in hosts}
         waiting = list(hosts)
         while waiting:  # bounded by the deadline
             for i in list(waiting):
@@ -158,11 +160,11 @@ class NetnsHosts:
                         waiting.remove(i)
                         continue
                 if self._nodes[i].poll() is not None:
-                    if i in retried:
+                    if starts[i] >= START_TRIES:
                         raise RuntimeError(f"ray start in host {i} exited with {self._nodes[i].returncode}:\n{self.logs()}")
-                    retried.add(i)
                     self.kill_host(i)  # what the failed start left behind (only Ray's processes live there yet)
-                    os.rename(self._log(i), self._log(i) + ".first")
+                    os.rename(self._log(i), f"{self._log(i)}.{starts[i]}")
+                    starts[i] += 1
                     self._start_node(i, self._num_cpus)
             if waiting and time.monotonic() > deadline:
                 raise RuntimeError(f"Ray nodes in hosts {waiting} did not start in time:\n{self.logs()}")
