@@ -85,7 +85,18 @@ GroupRegistry = ray.remote(num_cpus=0, max_concurrency=64)(Registry)
 
 
 def get_or_create_registry():
-    return GroupRegistry.options(name=REGISTRY_ACTOR_NAME, get_if_exists=True, lifetime=None).remote()
+    """The registry, made on this (the driver's) node if it does not exist yet.
+
+    Pinned there because it lives exactly as long as the driver: left to Ray,
+    it could land on a worker node, and that node going away would take every
+    group's record with it.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return GroupRegistry.options(
+        name=REGISTRY_ACTOR_NAME, get_if_exists=True, lifetime=None, scheduling_strategy=here
+    ).remote()
 
 
 def get_registry():

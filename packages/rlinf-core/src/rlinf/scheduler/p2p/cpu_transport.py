@@ -56,12 +56,22 @@ _MAX_FDS = 64
 
 
 def _host_id() -> str:
+    """Who can reach this process's abstract Unix socket: same boot, same hostname, same network namespace.
+
+    Abstract Unix sockets belong to a network namespace, so containers or
+    namespaces on one machine are different hosts here: their links go over
+    TCP (and their liveness is probed through it) rather than failing over.
+    """
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = "?"
-    return f"{socket.gethostname()}/{boot}"
+    try:
+        netns = os.readlink("/proc/self/ns/net")  # "net:[4026531840]"
+    except OSError:
+        netns = "?"
+    return f"{socket.gethostname()}/{boot}/{netns}"
 
 
 def _remaining(deadline: Optional[float]) -> Optional[float]:
