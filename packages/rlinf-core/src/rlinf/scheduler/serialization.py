@@ -113,8 +113,9 @@ def _inherited_entries() -> set:
     return entries
 
 
-def _added_at_run_time(module: types.ModuleType, inherited: set) -> bool:
-    """True if ``module`` was found on a ``sys.path`` entry the program (or pytest) put there itself."""
+def _added_at_run_time(module: types.ModuleType, added: set) -> bool:
+    """True if ``module`` was found on one of the ``added`` entries (``sys.path`` entries the
+    program or pytest put there itself, not inherited by workers)."""
     name = module.__name__
     if name == "__main__" or name.startswith("rlinf.") or name == "rlinf" or _is_installed(name):
         return False  # __main__ goes by value anyway; the rest is importable everywhere
@@ -125,8 +126,7 @@ def _added_at_run_time(module: types.ModuleType, inherited: set) -> bool:
     path = os.path.realpath(path)
     # the sys.path entry it was found on: the package's parent, or the module file's directory
     entry = os.path.dirname(os.path.dirname(path)) if os.path.basename(path) == "__init__.py" else os.path.dirname(path)
-    real = {os.path.realpath(p or os.curdir) for p in sys.path}
-    return entry in real and entry not in inherited
+    return entry in added
 
 
 def ship_run_time_modules_by_value() -> None:
@@ -151,11 +151,11 @@ def ship_run_time_modules_by_value() -> None:
         _seen_count = len(sys.modules)
         if not names:
             return
-        inherited = _inherited_entries()
+        added = {os.path.realpath(p or os.curdir) for p in sys.path} - _inherited_entries()
         for name in names:
             _seen.add(name)
             module = sys.modules.get(name)
-            if isinstance(module, types.ModuleType) and _added_at_run_time(module, inherited):
+            if added and isinstance(module, types.ModuleType) and _added_at_run_time(module, added):
                 _by_value.add(name)
                 for pickler in _picklers:
                     pickler.register_pickle_by_value(module)
