@@ -158,7 +158,7 @@ def ship_run_time_modules_by_value() -> None:
             if added and isinstance(module, types.ModuleType) and _added_at_run_time(module, added):
                 _by_value.add(name)
                 for pickler in _picklers:
-                    pickler.register_pickle_by_value(module)
+                    _register(pickler, module)
 
 
 def also_ship_by_value_with(cloudpickle_module) -> None:
@@ -169,7 +169,14 @@ def also_ship_by_value_with(cloudpickle_module) -> None:
         _picklers.append(cloudpickle_module)
         for name in _by_value:
             if name in sys.modules:
-                cloudpickle_module.register_pickle_by_value(sys.modules[name])
+                _register(cloudpickle_module, sys.modules[name])
+
+
+def _register(pickler, module) -> None:
+    try:
+        pickler.register_pickle_by_value(module)
+    except ValueError:  # registered under another name than its own (an alias): left by reference
+        pass
 
 
 def class_modules(cls: type) -> list[str]:
