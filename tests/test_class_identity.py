@@ -80,6 +80,12 @@ def makers(cluster):
     group.stop()
 
 
+@pytest.fixture(scope="module")
+def channel(cluster):
+    """One channel for the module: under MPI a channel holds a rank for the rest of the job."""
+    return Channel.create(f"identity_{os.getpid()}", maxsize=0)
+
+
 def test_group_call_returns_the_drivers_class(makers):
     own_init, own_repr = Sample.__init__, Sample.__repr__
     results = makers.sample(3).wait()
@@ -91,8 +97,8 @@ def test_group_call_returns_the_drivers_class(makers):
     assert type(nested["items"][0]) is Sample and type(nested["items"][1]) is Payload and type(nested["pair"][0]) is Payload
 
 
-def test_channel_get_on_the_driver_gives_the_drivers_class(makers):
-    ch = Channel.create(f"identity_{os.getpid()}", maxsize=0)
+def test_channel_get_on_the_driver_gives_the_drivers_class(makers, channel):
+    ch = channel
     assert makers.execute_on(0).put(ch, 3).wait() == [3]
     items = [ch.get() for _ in range(4)]
     assert [type(x) for x in items] == [Sample, Sample, Sample, Payload]
@@ -117,12 +123,12 @@ def test_instances_of_test_module_classes_as_arguments(makers):
     assert type(nested["batch"][0]) is Sample and type(nested["batch"][1]) is Payload
 
 
-def test_arguments_of_test_module_classes_sent_on_p2p_and_through_a_channel(makers):
+def test_arguments_of_test_module_classes_sent_on_p2p_and_through_a_channel(makers, channel):
     got = makers.forward(Sample(9, torch.ones(2)), 1).wait()[1]
     assert type(got) is Sample and got.step == 9 and torch.equal(got.obs, torch.ones(2))
     got = makers.forward(Payload("p2p"), 1).wait()[1]
     assert type(got) is Payload and got.tag == "p2p"
-    ch = Channel.create(f"identity_arg_{os.getpid()}", maxsize=0)
+    ch = channel
     ch.put(Payload("from the driver"))
     ch.put(Sample(11, torch.zeros(1)))
     first = makers.execute_on(0).take(ch).wait()[0]
