@@ -1,4 +1,9 @@
-"""Runs in its own interpreter: a Ray cluster of two simulated nodes advertising 4 GPUs each (no GPU needed)."""
+"""Runs in its own interpreter: a Ray cluster of two simulated nodes advertising 4 GPUs each (no GPU needed).
+
+With ``--with-multinode`` the same cluster also runs ``multinode_program.checks``
+(placement, p2p and a channel across nodes, which use no GPU), so the suite
+starts one two-node cluster for both; each part prints its own verdict.
+"""
 
 import os
 import sys
@@ -60,15 +65,7 @@ def check(cluster, strategy, expected, per_process=1):
     return covered
 
 
-def main():
-    import ray
-    from ray.cluster_utils import Cluster as RayTestCluster
-
-    rc = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 4})
-    rc.add_node(num_cpus=1, num_gpus=4)
-    rc.wait_for_nodes()
-    os.environ["RAY_ADDRESS"] = rc.address  # Cluster() joins the running cluster named here
-    cluster = Cluster(num_nodes=2)
+def placement_checks(cluster):
     assert [n.num_gpus for n in cluster.nodes] == [4, 4], cluster.nodes
     assert [n.accelerator for n in cluster.nodes] == ["nvidia", "nvidia"], cluster.nodes
     every = [(n, (d,)) for n in (0, 1) for d in range(4)]
@@ -79,9 +76,39 @@ def main():
           [(0, (0, 2)), (0, (1, 3)), (1, (0, 2)), (1, (1, 3))])
     check(cluster, FlexiblePlacementStrategy([[3], [1], [4, 5], [7]]), [(0, (3,)), (0, (1,)), (1, (0, 1)), (1, (3,))])
     check(cluster, NodePlacementStrategy([0, 1, 1]), [(0, ()), (1, ()), (1, ())])
+
+
+def _part(verdict: str, fn, *args) -> bool:
+    """Run one part; print ``<verdict> OK`` or ``<verdict> FAILED`` with the traceback."""
+    import traceback
+
+    try:
+        fn(*args)
+    except BaseException:
+        print(f"{verdict} FAILED\n{traceback.format_exc()}", flush=True)
+        return False
+    print(f"{verdict} OK", flush=True)
+    return True
+
+
+def main():
+    import ray
+    from ray.cluster_utils import Cluster as RayTestCluster
+
+    rc = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 4})
+    rc.add_node(num_cpus=1, num_gpus=4)
+    rc.wait_for_nodes()
+    os.environ["RAY_ADDRESS"] = rc.address  # Cluster() joins the running cluster named here
+    cluster = Cluster(num_nodes=2)
+    ok = _part("GPU PLACEMENT", placement_checks, cluster)
+    if "--with-multinode" in sys.argv[1:]:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import multinode_program
+
+        ok = _part("MULTINODE", multinode_program.checks, cluster) and ok
     ray.shutdown()
     rc.shutdown()
-    print("GPU PLACEMENT OK", flush=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

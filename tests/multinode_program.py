@@ -29,12 +29,8 @@ class Where(Worker):
         return msg
 
 
-def main(temp_dir):
-    rc = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    rc.add_node(num_cpus=1)
-    rc.wait_for_nodes()
-    os.environ["RAY_ADDRESS"] = rc.address  # Cluster() joins the running cluster named here
-    cluster = Cluster(num_nodes=2)
+def checks(cluster):
+    """Placement, p2p and a channel across the two nodes of ``cluster`` (the driver's, joined already)."""
     assert ray.is_initialized() and len(ray.nodes()) == 2
     assert cluster.num_nodes == 2, cluster
     ray_ids = [n.node_id for n in cluster.nodes]
@@ -72,6 +68,14 @@ def main(temp_dir):
     except TimeoutError:
         pass
     group.stop()
+
+
+def main(temp_dir):
+    rc = RayTestCluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    rc.add_node(num_cpus=1)
+    rc.wait_for_nodes()
+    os.environ["RAY_ADDRESS"] = rc.address  # Cluster() joins the running cluster named here
+    checks(Cluster(num_nodes=2))
     ray.shutdown()
     rc.shutdown()
     print("MULTINODE OK")

@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
-import shutil
 
 import pytest
 
@@ -107,17 +105,13 @@ def test_cli_lists_accelerators():
 
 
 # -- a real Ray cluster advertising GPUs ----------------------------------------------------------
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(360)
 def test_ray_cluster_advertising_gpus():
-    """Two raylets on this machine, 4 GPUs each (``ray.cluster_utils``, as tests/test_multinode.py)."""
-    temp_dir = tempfile.mkdtemp(prefix="rlac")  # short: Ray's socket paths must fit in 107 bytes
-    try:
-        env = dict(os.environ, RAY_TMPDIR=temp_dir)
-        out = subprocess.run([sys.executable, os.path.join(HERE, "gpu_placement_program.py")], env=env,
-                             capture_output=True, text=True, timeout=280)
-    finally:
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    assert "GPU PLACEMENT OK" in out.stdout, out.stdout[-3000:] + out.stderr[-5000:]
+    """Two raylets on this machine, 4 GPUs each (``ray.cluster_utils``; shared with tests/test_multinode.py)."""
+    from two_nodes import verdict
+
+    failure = verdict("GPU PLACEMENT")
+    assert not failure, failure
 
 
 def test_third_party_accelerator_plugin(tmp_path):

@@ -49,6 +49,21 @@ class Maker(Worker):
         channel.put(Payload("last"))
         return n
 
+    def echo(self, item):
+        """The argument as it arrived, and what the worker makes of it."""
+        return item, type(item).__name__, getattr(item, "tag", None) or getattr(item, "step", None)
+
+    def forward(self, item, to_rank):
+        """Rank 0 sends its argument to ``to_rank`` (p2p); that rank returns what it received."""
+        if self._rank == 0:
+            self.send(item, self._group_name, to_rank)
+            return None
+        return self.recv(self._group_name, 0)
+
+    def take(self, channel):
+        item = channel.get(timeout=60)
+        return item, type(item).__name__
+
     def relay(self, to_rank):
         """Rank 0 sends a Sample to ``to_rank``; that rank returns what it received."""
         if self._rank == 0:
@@ -65,6 +80,12 @@ def makers(cluster):
     group.stop()
 
 
+@pytest.fixture(scope="module")
+def channel(cluster):
+    """One channel for the module: under MPI a channel holds a rank for the rest of the job."""
+    return Channel.create(f"identity_{os.getpid()}", maxsize=0)
+
+
 def test_group_call_returns_the_drivers_class(makers):
     own_init, own_repr = Sample.__init__, Sample.__repr__
     results = makers.sample(3).wait()
@@ -76,8 +97,8 @@ def test_group_call_returns_the_drivers_class(makers):
     assert type(nested["items"][0]) is Sample and type(nested["items"][1]) is Payload and type(nested["pair"][0]) is Payload
 
 
-def test_channel_get_on_the_driver_gives_the_drivers_class(makers):
-    ch = Channel.create(f"identity_{os.getpid()}", maxsize=0)
+def test_channel_get_on_the_driver_gives_the_drivers_class(makers, channel):
+    ch = channel
     assert makers.execute_on(0).put(ch, 3).wait() == [3]
     items = [ch.get() for _ in range(4)]
     assert [type(x) for x in items] == [Sample, Sample, Sample, Payload]
@@ -89,6 +110,31 @@ def test_recv_then_return(makers):
     results = makers.relay(1).wait()
     got, name = results[1]
     assert name == "Sample" and type(got) is Sample and got.step == 7
+
+
+def test_instances_of_test_module_classes_as_arguments(makers):
+    """The workers cannot import this module: its instances travel by value, both ways."""
+    sample, payload = Sample(5, torch.arange(3.0)), Payload("arg")
+    for (got, name, what) in makers.echo(sample).wait():
+        assert name == "Sample" and type(got) is Sample and got.step == 5 and torch.equal(got.obs, sample.obs)
+    for (got, name, what) in makers.echo(payload).wait():
+        assert (name, what) == ("Payload", "arg") and type(got) is Payload and got.tag == "arg"
+    nested = makers.execute_on(1).echo({"batch": [sample, payload]}).wait()[0][0]
+    assert type(nested["batch"][0]) is Sample and type(nested["batch"][1]) is Payload
+
+
+def test_arguments_of_test_module_classes_sent_on_p2p_and_through_a_channel(makers, channel):
+    got = makers.forward(Sample(9, torch.ones(2)), 1).wait()[1]
+    assert type(got) is Sample and got.step == 9 and torch.equal(got.obs, torch.ones(2))
+    got = makers.forward(Payload("p2p"), 1).wait()[1]
+    assert type(got) is Payload and got.tag == "p2p"
+    ch = channel
+    ch.put(Payload("from the driver"))
+    ch.put(Sample(11, torch.zeros(1)))
+    first = makers.execute_on(0).take(ch).wait()[0]
+    second = makers.execute_on(1).take(ch).wait()[0]
+    assert first[1] == "Payload" and type(first[0]) is Payload and first[0].tag == "from the driver"
+    assert second[1] == "Sample" and type(second[0]) is Sample and second[0].step == 11
 
 
 _SCRIPT = """

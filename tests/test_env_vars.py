@@ -253,15 +253,22 @@ EMBEDDED = """
     gcs = ray.get_runtime_context().gcs_address
     probe = "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); print('JOINED', flush=True)"
     clients = (("without", None), ("a wrong", "0" * 48), ("the", os.environ["RAY_AUTH_TOKEN"]))
-    for label, token in clients:
+    probes = []
+    for label, token in clients:  # at once: each client is its own process, judged on its own output
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
         if token:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
-        env["HOME"] = sys.argv[1]  # the client's own HOME: what Ray's client writes is not the driver's doing
+        env["HOME"] = os.path.join(sys.argv[1], label.replace(" ", "_"))  # the client's own HOME: what Ray's
+        os.makedirs(env["HOME"])                                          # client writes is not the driver's doing
+        probes.append((label, subprocess.Popen([sys.executable, "-c", probe, gcs], env=env, text=True,
+                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+    for label, p in probes:
         try:
-            p = subprocess.run([sys.executable, "-c", probe, gcs], env=env, capture_output=True, text=True, timeout=90)
-            joined, why = "JOINED" in p.stdout, (p.stdout + p.stderr)[-1500:]
+            out, err = p.communicate(timeout=90)
+            joined, why = "JOINED" in out, (out + err)[-1500:]
         except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
             joined, why = False, "timed out"  # never let in
         print("CLIENT", label, "token:", "joined" if joined else "refused", flush=True)
         print("WHY", label, why.replace(chr(10), " | "), flush=True)

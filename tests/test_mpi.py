@@ -71,7 +71,7 @@ def test_core_channel_and_conformance_suites_under_mpi(tmp_path):
 
     # channels live as long as the program, one rank each: the suites create about a dozen
     suites = ["tests/test_groups.py", "tests/test_group_errors.py", "tests/test_p2p.py", "tests/test_channel.py",
-              "tests/test_conformance_mpi.py"]
+              "tests/test_conformance_mpi.py", "tests/test_rlinf_attach.py", "tests/test_class_identity.py"]
     report = tmp_path / "mpi-suites.xml"
     code, out, took = mpirun(24, ["-m", "pytest", *suites, "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                                   f"--junitxml={report}"], timeout=840, RLINF_TEST_LAUNCHER="mpi")

@@ -1,6 +1,7 @@
 """A seeded chaos run: group calls, p2p and channel traffic while workers are SIGKILLed.
 
-    python tests/faults/chaos_program.py [--seconds S | --minutes M] [--seed N] [--temp-dir DIR]
+    python tests/faults/chaos_program.py [--seconds S | --minutes M] [--seed N] [--min-steps N] [--min-kills K]
+                                         [--temp-dir DIR]
 
 Three groups of two workers: ``stable`` is never killed, ``a`` and ``b`` are.
 Each step picks, from the seed, one operation (a group call with a random
@@ -326,8 +327,12 @@ class Run:
         stable_pids = list(self.pids["stable"])
         start_stable = [resources(p) for p in stable_pids]
         deadline = time.monotonic() + self.args.seconds
+        # a short run keeps going (at most 60 s more) until it made --min-steps steps and --min-kills kills
+        overtime = deadline + 60.0
         step = 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or (
+                (step < self.args.min_steps or self.counts["kills"] < self.args.min_kills)
+                and time.monotonic() < overtime):
             op = self.rng.choice(ops)
             self.counts[op.__name__] += 1
             try:
@@ -399,6 +404,10 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=int(os.environ.get("RLINF_CHAOS_SEED", "1")))
     parser.add_argument("--kill-rate", type=float, default=0.15, help="chance that a step kills a worker")
     parser.add_argument("--slack", type=float, default=3.0, help="seconds a wait may run past its timeout")
+    parser.add_argument("--min-steps", type=int, default=0,
+                        help="keep going past --seconds (at most 60 s more) until this many steps were made")
+    parser.add_argument("--min-kills", type=int, default=0,
+                        help="keep going past --seconds (at most 60 s more) until this many workers were killed")
     parser.add_argument("--temp-dir", default=None)
     args = parser.parse_args(argv)
     if args.minutes is not None:

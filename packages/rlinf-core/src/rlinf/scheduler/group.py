@@ -25,7 +25,7 @@ from .host import async_methods
 from .launcher import CallOutcome, Died, GroupRecord, LauncherSession, Rejected, WorkerRecord, WorkerSpec
 from .placement import PlacementStrategy, default_placement
 from .plugins import get_registry
-from .serialization import dumps_worker_payload
+from .serialization import dumps_worker_payload, ship_run_time_modules_by_value
 from .timing import reduce_durations
 from .tracing.hooks import hook
 
@@ -392,6 +392,7 @@ class WorkerGroup:
         self._require_launched()
         ranks = self._selection if self._selection is not None else list(range(len(self._handles)))
         self._selection = None
+        ship_run_time_modules_by_value()  # arguments of a test module's classes: the workers cannot import it
         submit = self._session.submit
         calls = [submit(self._handles[r], method, args, kwargs) for r in ranks]
         return WorkerGroupFuncResult(self, method, ranks, calls)

@@ -13,7 +13,6 @@ import os
 import sys
 import sysconfig
 import threading
-
 import types
 
 import cloudpickle
@@ -75,7 +74,8 @@ def _is_installed(module_name: str) -> bool:
 
 def dumps_by_value_where_needed(obj, *modules: str) -> bytes:
     """cloudpickle ``obj``, pickling the named modules' members by value unless installed."""
-    by_value = [sys.modules[m] for m in dict.fromkeys(modules) if m in sys.modules and m != "__main__" and not _is_installed(m)]
+    by_value = [sys.modules[m] for m in dict.fromkeys(modules)
+                if m in sys.modules and m != "__main__" and not _is_installed(m) and m not in _by_value]
     with _lock:
         for module in by_value:
             cloudpickle.register_pickle_by_value(module)
@@ -84,6 +84,99 @@ def dumps_by_value_where_needed(obj, *modules: str) -> bytes:
         finally:
             for module in by_value:
                 cloudpickle.unregister_pickle_by_value(module)
+
+
+# -- the program's own modules: objects of their classes travel by value -------------------------------
+#: cloudpickle modules (ours, and Ray's vendored copy once rlinf-ray loads) that must pickle them by value
+_picklers: list = [cloudpickle]
+_seen: set = set()
+_seen_count = 0
+_by_value: set = set()
+
+
+def _inherited_entries() -> set:
+    """Directories every worker process has on its import path, whatever the driver added at run time.
+
+    The environment's ``PYTHONPATH``, the working directory and the directory of
+    the script being run (launchers put both on their workers' paths, as Ray
+    does), plus every ``sys.path`` entry from the standard library on (the
+    interpreter's own entries, site-packages and what ``.pth`` files add there).
+    """
+    entries = {os.path.realpath(p or os.curdir) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    entries.add(os.path.realpath(os.curdir))
+    if sys.argv and sys.argv[0] and os.path.exists(sys.argv[0]):
+        entries.add(os.path.dirname(os.path.realpath(sys.argv[0])))
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    real = [os.path.realpath(p or os.curdir) for p in sys.path]
+    start = real.index(stdlib) if stdlib in real else len(real)
+    entries.update(real[max(start - 1, 0):])  # the stdlib zip comes just before the stdlib directory
+    return entries
+
+
+def _added_at_run_time(module: types.ModuleType, added: set) -> bool:
+    """True if ``module`` was found on one of the ``added`` entries (``sys.path`` entries the
+    program or pytest put there itself, not inherited by workers)."""
+    name = module.__name__
+    if name == "__main__" or name.startswith("rlinf.") or name == "rlinf" or _is_installed(name):
+        return False  # __main__ goes by value anyway; the rest is importable everywhere
+    top = sys.modules.get(name.partition(".")[0])
+    path = getattr(top, "__file__", None)
+    if not path:
+        return False
+    path = os.path.realpath(path)
+    # the sys.path entry it was found on: the package's parent, or the module file's directory
+    entry = os.path.dirname(os.path.dirname(path)) if os.path.basename(path) == "__init__.py" else os.path.dirname(path)
+    return entry in added
+
+
+def ship_run_time_modules_by_value() -> None:
+    """Make the program's own modules travel by value, in every cloudpickle this process uses.
+
+    A class defined in a test module (pytest puts the test directory on
+    ``sys.path``) or next to a program that added its directory itself cannot
+    be imported by name in a worker process.  cloudpickle ships ``__main__``'s
+    classes by value already; this does the same for such modules, so their
+    instances can be passed as call arguments, returned, sent and put in
+    channels.  Modules importable everywhere (installed, on ``PYTHONPATH``,
+    rlinf's own) keep travelling by reference.
+
+    Cheap when called often: only modules imported since the last call are
+    looked at.
+    """
+    global _seen_count
+    if len(sys.modules) == _seen_count:
+        return
+    with _lock:
+        names = [n for n in list(sys.modules) if n not in _seen]
+        _seen_count = len(sys.modules)
+        if not names:
+            return
+        added = {os.path.realpath(p or os.curdir) for p in sys.path} - _inherited_entries()
+        for name in names:
+            _seen.add(name)
+            module = sys.modules.get(name)
+            if added and isinstance(module, types.ModuleType) and _added_at_run_time(module, added):
+                _by_value.add(name)
+                for pickler in _picklers:
+                    _register(pickler, module)
+
+
+def also_ship_by_value_with(cloudpickle_module) -> None:
+    """Register the program's own modules with another cloudpickle too (Ray's vendored copy)."""
+    with _lock:
+        if cloudpickle_module in _picklers:
+            return
+        _picklers.append(cloudpickle_module)
+        for name in _by_value:
+            if name in sys.modules:
+                _register(cloudpickle_module, sys.modules[name])
+
+
+def _register(pickler, module) -> None:
+    try:
+        pickler.register_pickle_by_value(module)
+    except ValueError:  # registered under another name than its own (an alias): left by reference
+        pass
 
 
 def class_modules(cls: type) -> list[str]:

@@ -23,6 +23,7 @@ class Coordinator:
         self._slots = {info.rank: nodes[info.hostname] for info in world.ranks if info.rank != 0}
         self._owner: dict[int, str] = {}  # rank -> group hosted there
         self._groups: dict[str, object] = {}
+        self._handles: dict[str, list] = {}  # group -> [(mpi rank, rank, generation)], rank order
         self._reserved: set[str] = set()
         self._lock = threading.Lock()
 
@@ -75,17 +76,27 @@ class Coordinator:
             self._reserved.add(name)
             return True
 
-    def register(self, record) -> None:
+    def register(self, body) -> None:
+        """``(record, handles)``: the group's record and where its workers run, for ``attach``."""
+        record, handles = body
         with self._lock:
             self._reserved.discard(record.name)
             self._groups[record.name] = record
+            self._handles[record.name] = list(handles)
             status.publish(self._groups.values())  # for python -m rlinf.scheduler status
 
     def release(self, name: str) -> None:
         with self._lock:
             self._reserved.discard(name)
+            self._handles.pop(name, None)
             if self._groups.pop(name, None) is not None:
                 status.publish(self._groups.values())
+
+    def attach(self, name: str) -> Optional[list]:
+        """``[(mpi rank, rank, generation)]`` of the running group ``name``, rank order; None if not running."""
+        with self._lock:
+            handles = self._handles.get(name)
+            return None if handles is None else list(handles)
 
     def lookup(self, name: str) -> Optional[object]:
         with self._lock:
@@ -97,7 +108,7 @@ class Coordinator:
 
     # -- serving other ranks ------------------------------------------------------------
     #: what other ranks may ask: each takes the request's body as its one argument
-    OPS = ("allocate", "release_ranks", "reserve", "register", "release", "lookup", "names")
+    OPS = ("allocate", "release_ranks", "reserve", "register", "release", "lookup", "names", "attach")
 
     def handle(self, op: str, body):
         """One request, as any rank sends it: ``op`` names the method, ``body`` its argument."""

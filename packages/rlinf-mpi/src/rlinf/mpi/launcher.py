@@ -148,7 +148,13 @@ class MpiSession(LauncherSession):
             raise GroupNameError(f"group name {name!r} is taken")
 
     def register_group(self, record) -> None:
-        self._coordinator("register", record)
+        handles = [(h.mpi_rank, h.rank, h.generation) for h in self._handles if h.group == record.name]
+        self._coordinator("register", (record, sorted(handles, key=lambda h: h[1])))
+
+    def attach_group(self, name: str) -> Optional[list]:
+        """Handles on the workers of the running group ``name`` (launched by any process of the job)."""
+        found = self._coordinator("attach", name)
+        return None if found is None else [MpiHandle(m, r, g, name) for m, r, g in found]
 
     def release_group(self, name: str) -> None:
         try:

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from rlinf.scheduler.p2p.transport import DeviceLink, Link, Transport
 
-from . import rendezvous
+from . import rendezvous, tuning
 from .torch_pair import route_ip
 
 log = logging.getLogger("rlinf.nccl")
@@ -73,15 +73,26 @@ def _bounded_init(uid: tuple, rank: int, device: int, deadline: float):
     return box["comm"]
 
 
+def _refuse_options(options: dict) -> Optional[str]:
+    extra = tuning.unknown(options, tuning.CUPY_NCCL)
+    if extra:
+        return (f"cupy-nccl cannot honour CollectiveGroupOptions field(s) {extra}: CuPy sets NCCL communicators up "
+                f"without a config (torch-nccl honours them)")
+    return tuning.check(options)
+
+
 class CupyPairLink(Link, DeviceLink):
-    def __init__(self, cpu_link: Link, comm, peer: int, device: int):
+    def __init__(self, cpu_link: Link, comm, peer: int, device: int, options: Optional[dict] = None):
         import torch
 
+        #: the CollectiveGroupOptions fields this pair was set up with (the same on both ends)
+        self.options = dict(options or {})
         self._cpu = cpu_link
         self._comm = comm
         self._peer = peer
         self._device = device
-        self._stream = torch.cuda.Stream(device=device)
+        # a high-priority stream (torch's highest, -1) when asked for: transfers overtake queued compute
+        self._stream = torch.cuda.Stream(device=device, priority=-1 if self.options.get("is_high_priority_stream") else 0)
         self._broken: Optional[str] = None
 
     def is_open(self) -> bool:
@@ -174,7 +185,9 @@ class CupyNcclTransport(Transport):
                 offer, hello = rendezvous.unpack_offer(data)
                 deadline = time.monotonic() + rendezvous.DEFAULT_SETUP
                 mine = device_identity(self._device())
-                reason = same_device_reason(offer["extra"].get("device"), mine)
+                options = offer["extra"].get("options") or {}
+                reason = same_device_reason(offer["extra"].get("device"), mine) or (
+                    _refuse_options(options) if options else None)
                 rendezvous.answer(cpu_link, deadline, reason, device=mine)
                 if reason:
                     cpu_link.close()
@@ -185,13 +198,17 @@ class CupyNcclTransport(Transport):
                 log.warning("cupy-nccl: pair setup with a connecting peer failed: %s: %s", type(exc).__name__, exc)
                 cpu_link.close()
                 return
-            link = CupyPairLink(cpu_link, comm, 0, device)
+            link = CupyPairLink(cpu_link, comm, 0, device, options)
             self._links.append(link)
             on_accept(link, hello)
 
         return {"cpu": self._cpu.listen(accepted, local_ip), "backend": "cupy-nccl"}
 
-    def connect(self, endpoint, hello, deadline):
+    def connect(self, endpoint, hello, deadline, options: Optional[dict] = None):
+        options = dict(options or {})
+        reason = _refuse_options(options) if options else None
+        if reason:
+            raise ValueError(reason)
         from cupy.cuda import nccl
 
         from .devices import device_identity
@@ -200,6 +217,8 @@ class CupyNcclTransport(Transport):
             deadline = time.monotonic() + rendezvous.DEFAULT_SETUP
         uid = nccl.get_unique_id()
         extra = {"uid": list(uid), "device": device_identity(self._device())}  # CuPy's unique id: a tuple of ints
+        if options:
+            extra["options"] = options
         ip = route_ip(endpoint["cpu"]["tcp"][0])
         cpu_link = self._cpu.connect(endpoint["cpu"], rendezvous.pack_offer((ip, 0), "-", hello, extra), deadline)
         try:
@@ -209,7 +228,7 @@ class CupyNcclTransport(Transport):
         except BaseException:
             cpu_link.close()
             raise
-        link = CupyPairLink(cpu_link, comm, 1, device)
+        link = CupyPairLink(cpu_link, comm, 1, device, options)
         self._links.append(link)
         return link
 

@@ -11,6 +11,8 @@ from typing import Optional
 
 from rlinf.scheduler.plugins import TransportPlugin, hookimpl
 
+from . import tuning
+
 
 def _torch_distributed() -> Optional[str]:
     if importlib.util.find_spec("torch") is None:
@@ -105,6 +107,8 @@ def rlinf_register_transports():
             devices=("cuda",),
             check=_nccl,
             description="torch NCCL process group per pair; CUDA tensors without host staging",
+            options=tuple(tuning.TORCH_NCCL),  # the communicator's ncclConfig_t and stream priority
+            check_options=tuning.check,
         ),
         TransportPlugin(
             name="cupy-nccl",
@@ -113,5 +117,7 @@ def rlinf_register_transports():
             devices=("cuda",),
             check=_cupy,
             description="CuPy NCCL communicator per pair over the tensors' own memory",
+            options=tuning.CUPY_NCCL,  # CuPy takes no communicator config: only its stream's priority
+            check_options=tuning.check,
         ),
     ]

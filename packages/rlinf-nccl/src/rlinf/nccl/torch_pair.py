@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 from rlinf.scheduler import config
 from rlinf.scheduler.p2p.transport import DeviceLink, Link, Transport
 
-from . import rendezvous
+from . import rendezvous, tuning
 
 log = logging.getLogger("rlinf.nccl")
 
@@ -74,7 +74,10 @@ def _byte_tensor(buf):
 class PairLink(Link, DeviceLink):
     """One direction's connection: a CPU link for headers plus a 2-rank process group."""
 
-    def __init__(self, cpu_link: Link, pg, peer_rank: int, host_via_group: bool, store=None):
+    def __init__(self, cpu_link: Link, pg, peer_rank: int, host_via_group: bool, store=None,
+                 options: Optional[dict] = None):
+        #: the CollectiveGroupOptions fields this pair's group was set up with (the same on both ends)
+        self.options = dict(options or {})
         self._cpu = cpu_link
         self._pg = pg
         self._peer = peer_rank
@@ -264,6 +267,8 @@ class TorchPairTransport(Transport):
     name = ""
     backend = ""
     host_via_group = False
+    #: CollectiveGroupOptions fields this transport honours (its plugin descriptor declares the same)
+    honours: tuple = ()
 
     def __init__(self):
         from rlinf.scheduler.plugins import get_registry
@@ -282,7 +287,15 @@ class TorchPairTransport(Transport):
         """Why this pair cannot work (checked on the accepting side), or None."""
         return None
 
-    def make_group(self, store, rank: int, ip: str, deadline: Optional[float]):
+    def refuse_options(self, options: dict) -> Optional[str]:
+        """Why the dialer's tuning fields cannot configure this end, or None."""
+        extra = tuning.unknown(options, self.honours)
+        if extra:
+            return f"{self.name} here does not honour CollectiveGroupOptions field(s) {extra}"
+        return tuning.check(options)
+
+    def make_group(self, store, rank: int, ip: str, deadline: Optional[float], options: dict):
+        """The pair's 2-rank process group; ``options``: the tuning fields this transport honours."""
         raise NotImplementedError
 
     # -- the Transport contract ---------------------------------------------------------------
@@ -299,7 +312,9 @@ class TorchPairTransport(Transport):
             deadline = time.monotonic() + rendezvous.DEFAULT_SETUP
             try:
                 mine = self.local_info()
-                reason = self.refuse(offer.get("extra", {}), mine)
+                extra = offer.get("extra", {})
+                options = extra.get("options") or {}
+                reason = self.refuse(extra, mine) or (self.refuse_options(options) if options else None)
                 rendezvous.answer(cpu_link, deadline, reason, **mine)
                 if reason:
                     cpu_link.close()
@@ -307,35 +322,41 @@ class TorchPairTransport(Transport):
                 import torch.distributed as dist
 
                 store = rendezvous.join_store(tuple(offer["store"]), deadline)
-                pg = self.make_group(dist.PrefixStore(offer["prefix"], store), 1, self._local_ip, deadline)
+                pg = self.make_group(dist.PrefixStore(offer["prefix"], store), 1, self._local_ip, deadline, options)
             except Exception as exc:
                 log.warning("%s: pair setup with a connecting peer failed: %s: %s", self.name, type(exc).__name__, exc)
                 cpu_link.close()
                 return
-            link = PairLink(cpu_link, pg, 0, self.host_via_group)
+            link = PairLink(cpu_link, pg, 0, self.host_via_group, options=options)
             with self._lock:
                 self._links.append(link)
             on_accept(link, hello)
 
         return {"cpu": self._cpu.listen(accepted, local_ip), "backend": self.backend}
 
-    def connect(self, endpoint: dict, hello: bytes, deadline: Optional[float]) -> Link:
+    def connect(self, endpoint: dict, hello: bytes, deadline: Optional[float], options: Optional[dict] = None) -> Link:
+        """Set a pair up; ``options`` (CollectiveGroupOptions fields this transport declares) configure both ends."""
         import torch.distributed as dist
 
+        options = dict(options or {})
+        reason = self.refuse_options(options) if options else None
+        if reason:
+            raise ValueError(reason)
         if deadline is None:
             deadline = time.monotonic() + rendezvous.DEFAULT_SETUP
         ip = route_ip(endpoint["cpu"]["tcp"][0])
         store = rendezvous.host_store(ip, deadline)
         prefix = rendezvous.new_prefix()
         mine = self.local_info()
-        cpu_link = self._cpu.connect(endpoint["cpu"], rendezvous.pack_offer((ip, store.port), prefix, hello, mine), deadline)
+        offer = {**mine, "options": options} if options else mine
+        cpu_link = self._cpu.connect(endpoint["cpu"], rendezvous.pack_offer((ip, store.port), prefix, hello, offer), deadline)
         try:
             rendezvous.await_answer(cpu_link, deadline)
-            pg = self.make_group(dist.PrefixStore(prefix, store), 0, ip, deadline)
+            pg = self.make_group(dist.PrefixStore(prefix, store), 0, ip, deadline, options)
         except BaseException:
             cpu_link.close()
             raise
-        link = PairLink(cpu_link, pg, 1, self.host_via_group, store=store)
+        link = PairLink(cpu_link, pg, 1, self.host_via_group, store=store, options=options)
         with self._lock:
             self._links.append(link)
         return link
@@ -358,7 +379,7 @@ class GlooTransport(TorchPairTransport):
     backend = "gloo"
     host_via_group = True
 
-    def make_group(self, store, rank, ip, deadline):
+    def make_group(self, store, rank, ip, deadline, options):
         import torch.distributed as dist
 
         opts = dist.ProcessGroupGloo._Options()
@@ -373,6 +394,7 @@ class NcclTransport(TorchPairTransport):
     name = "torch-nccl"
     backend = "nccl"
     host_via_group = False
+    honours = tuple(tuning.TORCH_NCCL)
 
     def __init__(self):
         super().__init__()
@@ -399,12 +421,13 @@ class NcclTransport(TorchPairTransport):
 
         return same_device_reason(offer_extra.get("device"), mine.get("device"))
 
-    def make_group(self, store, rank, ip, deadline):
+    def make_group(self, store, rank, ip, deadline, options):
         import torch
         import torch.distributed as dist
 
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = _op_timeout(None)  # NCCL's watchdog aborts work older than this
+        tuning.apply(opts, tuning.torch_nccl_settings(options))  # ncclConfig_t fields, stream priority
         device = torch.device("cuda", self._device_index())
         with torch.cuda.device(device):  # this may run on a transport thread: name the device
             pg = dist.ProcessGroupNCCL(store, rank, 2, opts)

@@ -15,7 +15,9 @@ unknown to Ray's copy, so results came back as instances of a look-alike
 class.  ``share_class_tracker`` makes both copies use one tracker, in every
 process that imports this package (the driver and each worker actor), and
 makes Ray's copy, like core's, leave a process's own classes unchanged when
-they come back (``serialization.keep_own_classes``).
+they come back (``serialization.keep_own_classes``), and ship the
+program's own modules (a test module, say) by value as core's copy does
+(``serialization.ship_run_time_modules_by_value``).
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ def share_class_tracker() -> bool:
         return False
     if not all(hasattr(m, name) for m in (ours, rays) for name in _TABLES):
         return False
-    from rlinf.scheduler.serialization import keep_own_classes
+    from rlinf.scheduler.serialization import also_ship_by_value_with, keep_own_classes
 
     keep_own_classes(rays)
+    also_ship_by_value_with(rays)  # Ray pickles call arguments with its copy
     if rays._DYNAMIC_CLASS_TRACKER_BY_ID is ours._DYNAMIC_CLASS_TRACKER_BY_ID:
         return True
     with ours._DYNAMIC_CLASS_TRACKER_LOCK, rays._DYNAMIC_CLASS_TRACKER_LOCK:

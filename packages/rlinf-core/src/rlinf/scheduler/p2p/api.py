@@ -9,7 +9,7 @@ from ..address import resolve_address
 from ..errors import CommunicationError
 from .async_work import AsyncWork
 from .communicator import local_communicator
-from .options import CollectiveGroupOptions, unsupported_options
+from .options import CollectiveGroupOptions, honoured, unsupported_options
 from ..tracing.hooks import hook
 
 
@@ -46,14 +46,14 @@ def _setup(group_name, rank, options, timeout):
 
 
 def _note_ignored(options: CollectiveGroupOptions) -> None:
-    """Tuning fields reach only transports that declare them (plugin ``extra["options"]``); say once what is ignored."""
+    """Tuning fields configure device links only; say once which ones the pair's CPU transport ignores."""
     from ..plugins import get_registry
 
     try:
         entry = get_registry().transport(options.transport, "cpu")
     except Exception:
         return  # the send itself reports an unknown transport
-    unsupported_options(options, entry.name, entry.descriptor.extra.get("options", ()))
+    unsupported_options(options, entry.name, honoured(entry.descriptor))
 
 
 def _check_tensor(tensor, what: str, group_name, rank):
@@ -72,21 +72,21 @@ def _check_tensor(tensor, what: str, group_name, rank):
 @hook("p2p_async")
 def send(obj: Any, dst_group_name: str, dst_rank, async_op=False, options=None, timeout=None):
     comm, peer, transport, timeout = _setup(dst_group_name, dst_rank, options, timeout)
-    result = comm.send_object(obj, peer, transport, timeout, async_op)
+    result = comm.send_object(obj, peer, transport, timeout, async_op, options)
     return result if async_op else None
 
 
 @hook("p2p_async")
 def recv(src_group_name: str, src_rank, async_op=False, options=None, timeout=None):
     comm, peer, transport, timeout = _setup(src_group_name, src_rank, options, timeout)
-    return comm.recv_object(peer, transport, timeout, async_op)
+    return comm.recv_object(peer, transport, timeout, async_op, options)
 
 
 @hook("p2p_async")
 def send_tensor(tensor, dst_group_name: str, dst_rank, async_op=False, options=None, timeout=None):
     _check_tensor(tensor, "send_tensor", dst_group_name, dst_rank)
     comm, peer, transport, timeout = _setup(dst_group_name, dst_rank, options, timeout)
-    result = comm.send_tensor(tensor, peer, transport, timeout, async_op)
+    result = comm.send_tensor(tensor, peer, transport, timeout, async_op, options)
     return result if async_op else None
 
 
@@ -94,7 +94,7 @@ def send_tensor(tensor, dst_group_name: str, dst_rank, async_op=False, options=N
 def recv_tensor(tensor, src_group_name: str, src_rank, async_op=False, options=None, timeout=None):
     _check_tensor(tensor, "recv_tensor", src_group_name, src_rank)
     comm, peer, transport, timeout = _setup(src_group_name, src_rank, options, timeout)
-    result = comm.recv_tensor(tensor, peer, transport, timeout, async_op)
+    result = comm.recv_tensor(tensor, peer, transport, timeout, async_op, options)
     return result if async_op else None
 
 

@@ -38,6 +38,7 @@ import cloudpickle
 import numpy as np
 
 from ..serialization import keep_own_classes  # noqa: F401  (received classes resolve to ours untouched)
+from ..serialization import ship_run_time_modules_by_value
 
 _TORCH = "torch"
 #: numpy dtype kinds whose items are plain bytes (no pointers): these go out of band
@@ -241,6 +242,7 @@ def encode(obj: Any, device_hook: Optional[Callable] = None) -> tuple[bytes, lis
     """Pickle ``obj``; return the pickle stream and the out-of-band buffers."""
     if _is_plain(obj):  # the common small message: the C pickler alone is several times faster
         return pickle.dumps(obj, protocol=5), []
+    ship_run_time_modules_by_value()  # a test module's classes cannot be imported by the receiver
     buffers: list = []
     stream = io.BytesIO()
     _Pickler(stream, buffers, device_hook).dump(obj)

@@ -393,10 +393,11 @@ class Communicator:
         finally:
             pair.turnstile.done(ticket)
 
-    def send_object(self, obj: Any, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
+    def send_object(self, obj: Any, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool,
+                    options=None):
         transport = self.transport_name(transport)
         if device_routing.may_hold_device_tensors(obj) and device_routing.needs_device_path(obj):
-            return self._send_with_device_tensors(obj, peer, transport, timeout, async_op)
+            return self._send_with_device_tensors(obj, peer, transport, timeout, async_op, options)
         try:
             header, buffers = codec.encode(obj)
             failure = None
@@ -413,22 +414,30 @@ class Communicator:
             raise TypeError(f"{self.name}: cannot send {type(obj).__name__} to {peer.get_name()!r}: {failure}") from failure
         return result
 
-    def _send_with_device_tensors(self, obj: Any, peer: WorkerAddress, transport: str, timeout: float, async_op: bool):
-        """Metadata on this pair's CPU path, device tensors on a device link (see ``device_routing``)."""
+    def _send_with_device_tensors(self, obj: Any, peer: WorkerAddress, transport: str, timeout: float, async_op: bool,
+                                  options=None):
+        """Metadata on this pair's CPU path, device tensors on a device link (see ``device_routing``).
+
+        ``options`` (``CollectiveGroupOptions``) the device transport cannot honour fail here, before anything is sent.
+        """
         pair = self._pair(self._out, peer.get_name())
+        fields = device_routing.router().link_options(options) if options is not None else {}
 
         def op(deadline):
             def send_meta(envelope):
                 header, buffers = codec.encode(envelope)
                 self._send_frames(peer, transport, [header, *buffers], deadline)
 
-            device_routing.router().send(send_meta, obj, self.name, peer.get_name(), deadline, self._local_ip)
+            device_routing.router().send(send_meta, obj, self.name, peer.get_name(), deadline, self._local_ip,
+                                         options=fields)
 
         return self._run(pair, op, async_op, "sending to", peer, timeout)
 
-    def recv_object(self, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
+    def recv_object(self, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool,
+                    options=None):
         transport = self.transport_name(transport)
         pair = self._pair(self._in, peer.get_name())
+        fields = _receiving_fields(options)
 
         def op(deadline):
             raw, frames = self._receive(peer, transport, deadline, lambda link: link.recv(deadline))
@@ -445,17 +454,19 @@ class Communicator:
                     peer=peer.get_name(),
                 )
             if isinstance(obj, device_routing.DeviceEnvelope):  # its device tensors follow on a device link
-                obj = device_routing.router().unwrap(obj, self.name, deadline)
+                router = device_routing.router()
+                obj = router.unwrap(obj, self.name, deadline, options=_lenient_fields(router, options, fields))
             return obj
 
         return self._run(pair, op, async_op, "receiving from", peer, timeout)
 
-    def send_tensor(self, tensor, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
+    def send_tensor(self, tensor, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool,
+                    options=None):
         from . import codec
 
         transport = self.transport_name(transport)
         if tensor.device.type != "cpu":  # announced on the CPU path, moved on a device link
-            return self._send_with_device_tensors(tensor, peer, transport, timeout, async_op)
+            return self._send_with_device_tensors(tensor, peer, transport, timeout, async_op, options)
         fingerprint = tensor_fingerprint(tensor)
         payload = codec.tensor_bytes(tensor)
         pair = self._pair(self._out, peer.get_name())
@@ -465,12 +476,13 @@ class Communicator:
 
         return self._run(pair, op, async_op, "sending a tensor to", peer, timeout)
 
-    def recv_tensor(self, tensor, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool):
+    def recv_tensor(self, tensor, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool,
+                    options=None):
         from . import codec
 
         transport = self.transport_name(transport)
         if tensor.device.type != "cpu":
-            return self._recv_device_tensor(tensor, peer, transport, timeout, async_op)
+            return self._recv_device_tensor(tensor, peer, transport, timeout, async_op, options)
         expected = tensor_fingerprint(tensor)
         got = bytearray(_FINGERPRINT.size)
         target = codec.tensor_bytes(tensor)
@@ -502,9 +514,11 @@ class Communicator:
 
         return self._run(pair, op, async_op, "receiving a tensor from", peer, timeout)
 
-    def _recv_device_tensor(self, tensor, peer: WorkerAddress, transport: str, timeout: float, async_op: bool):
+    def _recv_device_tensor(self, tensor, peer: WorkerAddress, transport: str, timeout: float, async_op: bool,
+                            options=None):
         """``recv_tensor`` into a device buffer: the announcement on the CPU path, the data on a device link."""
         pair = self._pair(self._in, peer.get_name())
+        fields = device_routing.router().link_options(options) if options is not None else {}
 
         def op(deadline):
             raw, frames = self._receive(peer, transport, deadline, lambda link: link.recv(deadline))
@@ -517,7 +531,7 @@ class Communicator:
                     peer=peer.get_name(),
                 )
             try:
-                device_routing.router().receive_into(envelope, tensor, self.name, deadline)
+                device_routing.router().receive_into(envelope, tensor, self.name, deadline, options=fields)
             except ValueError as exc:
                 raise CommunicationError(
                     f"{self.name}: recv_tensor from {peer.get_name()!r}: {exc}", peer=peer.get_name()) from None
@@ -531,6 +545,27 @@ class Communicator:
             state.close()
         for transport in self._transports.values():
             transport.close()
+
+
+def _receiving_fields(options) -> Optional[dict]:
+    """A receiving call's tuning fields, checked against the device transport now when this process
+    can hold device tensors (so a field it cannot honour fails before anything is received); else
+    None: they are looked at only if a device envelope arrives."""
+    if options is None or not options.transport_options():
+        return {}
+    if device_routing.may_hold_device_tensors(None):
+        return device_routing.router().link_options(options)
+    return None
+
+
+def _lenient_fields(router, options, fields: Optional[dict]) -> dict:
+    """The fields for a link set up on receipt: those checked up front, else those the transport honours."""
+    if fields is not None:
+        return fields
+    from .options import LINK_FIELDS, honoured
+
+    can = honoured(router.entry.descriptor)
+    return {k: v for k, v in options.transport_options().items() if k in LINK_FIELDS and k in can}
 
 
 _local: Optional[Communicator] = None

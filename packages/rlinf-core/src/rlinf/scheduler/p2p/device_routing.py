@@ -156,7 +156,8 @@ class DeviceEnvelope:
     it for the pair's device link (the receiver always dials, so two workers
     sending to each other at once set up one link per direction, never
     waiting on each other).  ``fresh`` asks the receiver to dial again (the
-    sender has no open link from it).
+    sender has no open link from it).  ``options``: the tuning fields the
+    sender's call set (``CollectiveGroupOptions``), for a link set up now.
     """
 
     skeleton: Any
@@ -164,6 +165,7 @@ class DeviceEnvelope:
     endpoint: dict
     src: str
     fresh: bool
+    options: dict = dataclasses.field(default_factory=dict)
 
 
 class DeviceRouter:
@@ -173,6 +175,7 @@ class DeviceRouter:
         from ..plugins import get_registry
 
         entry = get_registry().transport(transport, device)
+        self.entry = entry
         self.name = entry.name
         self.transport = entry.descriptor.factory()
         self.endpoint: Optional[dict] = None
@@ -214,37 +217,54 @@ class DeviceRouter:
                     raise TimeoutError(f"{peer!r} did not open a device link ({self.name}) before the deadline")
                 self._cond.wait(1.0 if left is None else min(left, 1.0))
 
+    def link_options(self, options) -> dict:
+        """The tuning fields ``options`` (a ``CollectiveGroupOptions`` or None) sets for this router's links.
+
+        ``ValueError`` when this transport cannot honour one (see ``options.link_options``).
+        """
+        from .options import link_options
+
+        return link_options(options, self.entry)
+
     def send(self, send_meta: Callable[[Any], None], obj: Any, me: str, peer: str, deadline: Optional[float],
-             local_ip: str = "127.0.0.1", is_device: Callable = on_device) -> None:
-        """Send ``obj`` to ``peer``: the envelope through ``send_meta`` (CPU path), device tensors on the device link."""
+             local_ip: str = "127.0.0.1", is_device: Callable = on_device, options: Optional[dict] = None) -> None:
+        """Send ``obj`` to ``peer``: the envelope through ``send_meta`` (CPU path), device tensors on the device link.
+
+        ``options`` (from ``link_options``) configure the link if the receiver sets one up for this message.
+        """
         skeleton, tensors = split(obj, is_device)
         endpoint = self.listen(local_ip)
         with self._cond:
             link = self._out.get(peer)
             fresh = link is None or not link.is_open()
-        send_meta(DeviceEnvelope(skeleton, self.name, endpoint, me, fresh))
+        send_meta(DeviceEnvelope(skeleton, self.name, endpoint, me, fresh, dict(options or {})))
         if tensors:
             self._send_link(peer, deadline).send_tensors(
                 [t if t.is_contiguous() else t.contiguous() for t in tensors], deadline)
 
-    def unwrap(self, received: Any, me: str, deadline: Optional[float], device=None) -> Any:
-        """What the CPU path delivered, with its device tensors received (anything else as it is)."""
+    def unwrap(self, received: Any, me: str, deadline: Optional[float], device=None,
+               options: Optional[dict] = None) -> Any:
+        """What the CPU path delivered, with its device tensors received (anything else as it is).
+
+        ``options``: the receiving call's tuning fields, for a link set up now (the sender's win).
+        """
         if not isinstance(received, DeviceEnvelope):
             return received
         obj, targets = materialize(received.skeleton, device)
-        link = self._recv_link(received, me, deadline)
+        link = self._recv_link(received, me, deadline, options)
         if targets:
             link.recv_tensors_into(targets, deadline)
         return obj
 
-    def receive_into(self, received: "DeviceEnvelope", target, me: str, deadline: Optional[float]) -> None:
+    def receive_into(self, received: "DeviceEnvelope", target, me: str, deadline: Optional[float],
+                     options: Optional[dict] = None) -> None:
         """``recv_tensor`` of a device tensor: the one announced by ``received`` lands in ``target``.
 
         Raises ``ValueError`` when the announced tensor has another shape or dtype.
         """
         slot = received.skeleton
         want = (tuple(target.shape), str(target.dtype).removeprefix("torch."))
-        link = self._recv_link(received, me, deadline)
+        link = self._recv_link(received, me, deadline, options)
         if isinstance(slot, DeviceSlot) and (slot.shape, slot.dtype) == want:
             link.recv_tensors_into([target], deadline)
             return
@@ -254,14 +274,25 @@ class DeviceRouter:
         got = (slot.shape, slot.dtype) if isinstance(slot, DeviceSlot) else f"a {type(slot).__name__}"
         raise ValueError(f"the sender's tensor is {got}, the buffer given here {want}; the message was discarded")
 
-    def _recv_link(self, received: "DeviceEnvelope", me: str, deadline: Optional[float]):
-        """The device link to receive ``received.src``'s tensors on, dialing the sender when it asks."""
+    def _recv_link(self, received: "DeviceEnvelope", me: str, deadline: Optional[float],
+                   options: Optional[dict] = None):
+        """The device link to receive ``received.src``'s tensors on, dialing the sender when it asks.
+
+        A link is configured once, when it is set up (as RLinf sets a pair's
+        group up once): with the sender's tuning fields, completed by this
+        side's.  A transport that declares no fields is never given any.
+        """
         import json
 
         with self._cond:
             link = self._in.get(received.src)
         if link is None or received.fresh or not link.is_open():
-            link = self.transport.connect(received.endpoint, json.dumps({"src": me}).encode(), deadline)
+            hello = json.dumps({"src": me}).encode()
+            fields = {**(options or {}), **(getattr(received, "options", None) or {})}
+            if fields:
+                link = self.transport.connect(received.endpoint, hello, deadline, options=fields)
+            else:
+                link = self.transport.connect(received.endpoint, hello, deadline)
             with self._cond:
                 old, self._in[received.src] = self._in.get(received.src), link
             if old is not None:

@@ -13,6 +13,8 @@ log = logging.getLogger("rlinf.p2p")
 
 #: RLinf's tuning fields: hints for accelerator transports (NCCL), meaningless to CPU transports
 ACCEL_FIELDS = ("accel_max_ctas", "accel_min_ctas", "accel_cluster_size", "is_high_priority_stream", "use_ring_broadcast")
+#: the fields a device transport may honour when it sets up a pair (``use_ring_broadcast`` is broadcast's hint)
+LINK_FIELDS = ACCEL_FIELDS[:4]
 
 
 @dataclass
@@ -23,9 +25,15 @@ class CollectiveGroupOptions:
     ``RLINF_TRANSPORT`` environment variable, else the best usable one for the
     tensors' device).  Both ends of a pair must agree; a mismatch is an error.
 
-    The other fields are RLinf's accelerator tuning knobs.  A transport honours
-    the ones it lists in its plugin descriptor's ``extra["options"]``; one that
-    cannot honour a field that is set ignores it and says so once at DEBUG level.
+    The other fields are RLinf's accelerator tuning knobs (NCCL's
+    ``max_ctas``, ``min_ctas``, ``cga_cluster_size`` and a high-priority
+    stream).  A device transport honours the ones it declares in its plugin
+    descriptor (``TransportPlugin.options``): they configure the pair's device
+    link when it is set up, the sender's values first, then the receiver's.  A
+    device transport asked for a field it cannot honour refuses the call with a
+    ``ValueError`` before anything is sent.  CPU transports ignore them (said
+    once at DEBUG level), as RLinf's CPU groups do.  ``use_ring_broadcast`` is a
+    hint for ``broadcast``, which sends from the source to each member.
     """
 
     transport: Optional[str] = None
@@ -56,6 +64,47 @@ class CollectiveGroupOptions:
         """The accelerator tuning fields that are set (differ from their defaults)."""
         defaults = {f.name: f.default for f in fields(self)}
         return {n: getattr(self, n) for n in ACCEL_FIELDS if getattr(self, n) != defaults[n]}
+
+
+def honoured(descriptor) -> frozenset:
+    """The fields a transport plugin declares (``TransportPlugin.options``; ``extra["options"]`` as before)."""
+    return frozenset(getattr(descriptor, "options", ()) or ()) | frozenset(descriptor.extra.get("options", ()))
+
+
+def link_options(options: Optional[CollectiveGroupOptions], entry) -> dict:
+    """The fields ``options`` sets for a device link of transport ``entry`` (a registry entry).
+
+    Raises ``ValueError`` naming the transport and the fields when it cannot
+    honour one of them, or when its ``check_options`` refuses the values.
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, CollectiveGroupOptions):
+        raise TypeError(f"options must be a CollectiveGroupOptions, got {type(options).__name__}")
+    wanted = {k: v for k, v in options.transport_options().items() if k in LINK_FIELDS}
+    if not wanted:
+        return {}
+    descriptor = entry.descriptor
+    can = honoured(descriptor)
+    refused = sorted(k for k in wanted if k not in can)
+    if refused:
+        raise ValueError(
+            f"transport {entry.name!r} cannot honour CollectiveGroupOptions field(s) {refused} "
+            f"(it honours {sorted(can) or 'none'}){_who_can(refused)}"
+        )
+    check = getattr(descriptor, "check_options", None)
+    reason = check(dict(wanted)) if check is not None else None
+    if reason:
+        raise ValueError(f"transport {entry.name!r} cannot take CollectiveGroupOptions {wanted}: {reason}")
+    return wanted
+
+
+def _who_can(fields) -> str:
+    from ..plugins import get_registry
+
+    names = sorted(e.name for e in get_registry().provided["transport"].values()
+                   if set(fields) <= honoured(e.descriptor))
+    return f"; installed transports that do: {names}" if names else ""
 
 
 _reported: set = set()

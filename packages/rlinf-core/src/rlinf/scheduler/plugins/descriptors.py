@@ -38,6 +38,16 @@ class TransportPlugin:
     ``factory()`` returns an object implementing ``rlinf.scheduler.p2p.transport.Transport``.
     ``devices`` names the tensor devices it serves (``"cpu"``, ``"cuda"``); for each
     device the usable transport with the highest ``priority`` is the default.
+
+    ``options`` names the ``CollectiveGroupOptions`` tuning fields the transport
+    honours (``"accel_max_ctas"``, ``"is_high_priority_stream"``, ...).  When a
+    device link is set up for a call that set some of them, rlinf passes them
+    as ``connect(endpoint, hello, deadline, options={field: value})``; a
+    transport that declares none is never given the keyword.  A device
+    transport asked for a field it does not declare is an error naming both;
+    CPU transports ignore the fields (they tune accelerator communication).
+    ``check_options(fields)`` returns ``None`` when the transport can take those
+    values, else the reason (cheap: no heavy imports; it must never raise).
     """
 
     name: str
@@ -47,6 +57,8 @@ class TransportPlugin:
     check: Callable[[], Optional[str]] = _always_usable
     description: str = ""
     extra: dict = field(default_factory=dict)
+    options: tuple[str, ...] = ()
+    check_options: Optional[Callable[[dict], Optional[str]]] = None
 
 
 def _no_devices() -> int:
