@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-BENCHMARKS = {"group": "group", "p2p": "p2p", "channel": "channel", "mpi": "mpi", "gloo": "gloo"}
+BENCHMARKS = {"group": "group", "p2p": "p2p", "channel": "channel", "mpi": "mpi", "gloo": "gloo", "scale": "scale"}
 
 
 def exit_status(missed: list, check: bool) -> int:
