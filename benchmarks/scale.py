@@ -237,7 +237,14 @@ def main(argv=None):
     try:
         os.environ.pop("RAY_AUTH_TOKEN", None)
         os.environ.setdefault("RLINF_NODE_WAIT_TIMEOUT", "120")
-        ray.init(address=nodes.address, log_to_driver=False)
+        for attempt in range(6):  # the head's raylet may register with its GCS a while after the port opens
+            try:
+                ray.init(address=nodes.address, log_to_driver=False)
+                break
+            except ConnectionError:
+                if attempt == 5:
+                    raise
+                time.sleep(5)
         cluster = Cluster(num_nodes=args.nodes)
         for n in [int(s) for s in args.sizes.split(",")]:
             rows.append(measure(cluster, ray, n, args, str(n)))
