@@ -1,6 +1,6 @@
 """Many peers: what a worker holds after talking to all of them, and what it asks the registry.
 
-Twelve workers in three groups on the session cluster, over TCP
+Nine workers in three groups on the session cluster, over TCP
 (``RLINF_CPU_LOCAL=0``: the path where every incoming link is read ahead)
 with ``RLINF_IDLE_LINK_TIMEOUT=1``.  One launch serves every test here.
 """
@@ -16,10 +16,10 @@ import pytest
 from launcher_marks import cpu_transport_internals
 from rlinf.scheduler import Worker
 
-GROUPS, PER_GROUP = 3, 4
+GROUPS, PER_GROUP = 3, 3
 IDLE_TIMEOUT = 1.0
 
-pytestmark = cpu_transport_internals
+pytestmark = [cpu_transport_internals, pytest.mark.timeout(400)]  # launching nine workers on a loaded machine
 
 
 def _rlinf_threads() -> int:
@@ -178,3 +178,46 @@ def test_order_holds_across_idle_closes(peers):
     closes = sending.wait()[0]
     assert got == list(range(n))
     assert closes >= n // 7
+
+
+# -- the pool behind asynchronous operations (no cluster needed) ------------------------------
+
+
+def _runners(n):
+    from rlinf.scheduler.p2p.ordering import SerialRunner
+
+    return [SerialRunner(f"test-{i}") for i in range(n)]
+
+
+def test_quick_operations_of_many_pairs_share_a_few_threads():
+    from rlinf.scheduler.p2p.ordering import _Pool
+
+    used = set()
+    futures = [r.submit(lambda: used.add(threading.get_ident())) for r in _runners(64) for _ in range(3)]
+    for f in futures:
+        f.result(timeout=30)
+    assert len(used) <= _Pool.SOFT_LIMIT + 4 < 64, len(used)
+
+
+def test_blocked_operations_never_starve_the_ones_that_unblock_them():
+    """Every pair first waits for an event that only a later operation of another pair sets
+    (like receives posted before the sends their peers wait for): the pool grows until all run."""
+    n = 24
+    events = [threading.Event() for _ in range(n)]
+    receivers, senders = _runners(n), _runners(n)
+    waits = [r.submit(lambda e=events[i]: e.wait(60)) for i, r in enumerate(receivers)]
+    sets = [r.submit(lambda e=events[i]: e.set()) for i, r in enumerate(senders)]
+    start = time.monotonic()
+    assert all(w.result(timeout=60) for w in waits)
+    for s in sets:
+        s.result(timeout=60)
+    assert time.monotonic() - start < 30
+
+
+def test_a_pairs_operations_run_in_order():
+    (runner,) = _runners(1)
+    seen = []
+    futures = [runner.submit(lambda i=i: seen.append(i)) for i in range(200)]
+    for f in futures:
+        f.result(timeout=30)
+    assert seen == list(range(200))

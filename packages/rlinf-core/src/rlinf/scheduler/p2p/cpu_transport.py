@@ -559,7 +559,7 @@ class _Reader:
 
     def add(self, link: SocketLink) -> None:
         with self._lock:
-            if link.sock.fileno() < 0:
+            if link._rbroken is not None or link.sock.fileno() < 0:  # closing: close() sets _rbroken, then removes
                 return
             try:
                 self._selector.register(link.sock, selectors.EVENT_READ, link)

@@ -76,8 +76,8 @@ class _Pool:
     A queued job runs on an idle pool thread; a new thread starts only while
     fewer than ``SOFT_LIMIT`` exist, or when the queue made no progress for
     ``STALL`` seconds (every thread is blocked, say in receives whose peers
-    wait for an operation still queued here: starting one more thread is what
-    keeps that from becoming a deadlock).  So an all-to-all round of quick
+    wait for an operation still queued here: starting more threads, 1, 2, 4,
+    ... per STALL while it lasts, is what keeps that from becoming a deadlock).  So an all-to-all round of quick
     sends runs on a handful of threads however many peers there are, and
     operations that block never starve the others.  A thread idle for
     ``IDLE_EXIT`` seconds exits.
@@ -137,10 +137,15 @@ class _Pool:
         """While jobs are queued: start a thread whenever a STALL passes without one being taken."""
         with self._cond:
             seen = self._progress
+            burst = 1  # doubles while the stall lasts: many blocked jobs get their threads in a few rounds
             while self._jobs:
                 self._cond.wait(self.STALL)  # bounded: wakes every STALL while jobs are queued
                 if self._jobs and self._progress == seen and self._idle == 0:
-                    self._start()
+                    for _ in range(min(burst, len(self._jobs))):
+                        self._start()
+                    burst *= 2
+                else:
+                    burst = 1
                 seen = self._progress
             self._watching = False
 
