@@ -38,9 +38,13 @@ SMALL = {"step": 0, "reward": 0.5, "done": False}
 def _process_stats() -> dict:
     import psutil
 
+    from rlinf.scheduler.p2p.communicator import local_communicator
+
     proc = psutil.Process()
     names = [t.name for t in threading.enumerate()]
+    comm = local_communicator()
     return {
+        "registry_lookups": comm.stats["registry_lookups"] if comm is not None else 0,
         "os_threads": proc.num_threads(),
         "py_threads": len(names),
         "rlinf_threads": sum(1 for n in names if n.startswith("rlinf")),
@@ -183,6 +187,7 @@ def measure(cluster, ray, n: int, args, tag: str) -> dict:
         "rlinf_threads_after": max(s["rlinf_threads"] for s in after),
         "fds_before": max(s["fds"] for s in before), "fds_after": max(s["fds"] for s in after),
         "rss_mb": statistics.median(s["rss"] for s in after) / 2**20,
+        "registry_lookups": max(s["registry_lookups"] for s in after),
     }
 
 
@@ -261,11 +266,12 @@ def main(argv=None):
     print_table(
         f"Scale benchmark ({args.nodes} simulated nodes, {args.groups} groups; medians; threads/fds/RSS per worker process)",
         ["N", "launch raw (s)", "launch rlinf (s)", "ratio", "call raw (ms)", "call rlinf (ms)", "ratio",
-         "all-to-all 1st (s)", "2nd (s)", "threads before/after", "rlinf threads", "fds before/after", "RSS (MiB)"],
+         "all-to-all 1st (s)", "2nd (s)", "threads before/after", "rlinf threads", "fds before/after", "RSS (MiB)",
+         "registry lookups"],
         [[r["n"], r["raw_launch"], r["our_launch"], r["our_launch"] / r["raw_launch"], r["raw_call"] * 1e3,
           r["our_call"] * 1e3, r["our_call"] / r["raw_call"], r["round"], r["round2"],
           f"{r['threads_before']}/{r['threads_after']}", r["rlinf_threads_after"],
-          f"{r['fds_before']}/{r['fds_after']}", r["rss_mb"]] for r in rows],
+          f"{r['fds_before']}/{r['fds_after']}", r["rss_mb"], r["registry_lookups"]] for r in rows],
     )
     save_plot(rows)
     targets = []
