@@ -221,3 +221,51 @@ def test_a_pairs_operations_run_in_order():
     for f in futures:
         f.result(timeout=30)
     assert seen == list(range(200))
+
+
+def test_one_reader_thread_reads_ahead_on_every_tcp_link(monkeypatch):
+    """Twenty TCP links into one transport: one reader thread, every message in order, a message
+    over the read-ahead budget delivered whole, and the end of a link only after what it carried."""
+    import json
+
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+
+    monkeypatch.setenv("RLINF_CPU_LOCAL", "0")
+    monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
+    accepted, cond = {}, threading.Condition()
+
+    def on_accept(link, hello):
+        with cond:
+            accepted[json.loads(hello)["i"]] = link
+            cond.notify_all()
+
+    server = CpuTransport()
+    endpoint = server.listen(on_accept, "127.0.0.1")
+    client = CpuTransport()
+    client.listen(lambda link, hello: link.close(), "127.0.0.1")
+    try:
+        outs = [client.connect(endpoint, json.dumps({"i": i}).encode(), time.monotonic() + 10) for i in range(20)]
+        with cond:
+            assert cond.wait_for(lambda: len(accepted) == 20, 10)
+        for k in range(20):
+            for out in outs:
+                out.send([k.to_bytes(4, "little"), bytes(100_000)], time.monotonic() + 10)
+        for i in range(20):
+            got = [int.from_bytes(bytes(accepted[i].recv(time.monotonic() + 10)[1][0]), "little") for _ in range(20)]
+            assert got == list(range(20))
+        readers = [t for t in threading.enumerate() if t.name == "rlinf-cpu-reader"]
+        assert len(readers) == 1
+        big = bytes(80 << 20)  # over the 64 MiB read-ahead budget
+        sender = threading.Thread(target=outs[0].send, args=([big], time.monotonic() + 60))
+        sender.start()
+        assert len(accepted[0].recv(time.monotonic() + 60)[1][0]) == len(big)
+        sender.join(60)
+        outs[1].send([b"last"], time.monotonic() + 10)
+        outs[1].close()
+        assert bytes(accepted[1].recv(time.monotonic() + 10)[1][0]) == b"last"
+        with pytest.raises(ConnectionError):
+            accepted[1].recv(time.monotonic() + 10)
+        assert accepted[1].peer_closed()
+    finally:
+        server.close()
+        client.close()

@@ -88,7 +88,9 @@ class _Pool:
     IDLE_EXIT = 2.0
 
     def __init__(self):
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # idle workers wait here: a notify always reaches a worker
+        self._watch_cond = threading.Condition(lock)  # the watcher's own: it must never take a worker's wake-up
         self._jobs: "collections.deque" = collections.deque()
         self._threads = 0
         self._idle = 0
@@ -139,7 +141,7 @@ class _Pool:
             seen = self._progress
             burst = 1  # doubles while the stall lasts: many blocked jobs get their threads in a few rounds
             while self._jobs:
-                self._cond.wait(self.STALL)  # bounded: wakes every STALL while jobs are queued
+                self._watch_cond.wait(self.STALL)  # bounded: wakes every STALL while jobs are queued
                 if self._jobs and self._progress == seen and self._idle == 0:
                     for _ in range(min(burst, len(self._jobs))):
                         self._start()
