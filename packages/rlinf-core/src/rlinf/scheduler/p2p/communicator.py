@@ -99,6 +99,7 @@ class Communicator:
         self._in: dict[str, _Pair] = {}
         self._cond = threading.Condition()
         self._groups: dict[str, Any] = {}
+        self._lookup_locks: dict[str, threading.Lock] = {}
         self._transport_names: dict = {}
         self._services: dict[str, Callable] = {}
         self._idle_timeout = config.idle_link_timeout()  # a bad value fails here, as the worker starts
@@ -125,23 +126,35 @@ class Communicator:
         key = peer.group_key
         record = None if refresh else self._groups.get(key)
         if record is None:
-            from ..cluster import current_session
-
-            self.stats["registry_lookups"] += 1
-            record = current_session().lookup_group(key)
-            if record is None:
-                raise CommunicationError(
-                    f"{self.name}: no group named {key!r} is running in this cluster "
-                    f"(running groups: {current_session().list_groups()})",
-                    peer=peer.get_name(),
-                )
-            self._groups[key] = record
+            with self._cond:
+                lock = self._lookup_locks.setdefault(key, threading.Lock())
+            # one fetch per group at a time: the other senders of an all-to-all wait for it instead of
+            # asking too (bounded: the launcher bounds every registry request)
+            with lock:
+                record = None if refresh else self._groups.get(key)
+                if record is None:
+                    record = self._fetch(peer)
         if peer.rank >= len(record.workers):
             raise CommunicationError(
                 f"{self.name}: rank {peer.rank} is out of range for group {key!r} of {len(record.workers)} worker(s)",
                 peer=peer.get_name(),
             )
         return record.workers[peer.rank]
+
+    def _fetch(self, peer: WorkerAddress):
+        from ..cluster import current_session
+
+        key = peer.group_key
+        self.stats["registry_lookups"] += 1
+        record = current_session().lookup_group(key)
+        if record is None:
+            raise CommunicationError(
+                f"{self.name}: no group named {key!r} is running in this cluster "
+                f"(running groups: {current_session().list_groups()})",
+                peer=peer.get_name(),
+            )
+        self._groups[key] = record
+        return record
 
     def _describe(self, peer: WorkerAddress) -> str:
         try:
