@@ -22,6 +22,10 @@ WORKER_ONLY_ENV = frozenset({PLUGIN_SOURCES_ENV, "RLINF_WORKER_ACCELERATOR", "RL
 ERROR_GRACE_ENV = "RLINF_ERROR_GRACE"
 DEFAULT_ERROR_GRACE = 2.0
 
+#: seconds a point-to-point link may stay unused before its sender closes it (reopened on the next send)
+IDLE_LINK_TIMEOUT_ENV = "RLINF_IDLE_LINK_TIMEOUT"
+DEFAULT_IDLE_LINK_TIMEOUT = 300.0
+
 DEFAULT_TIMEOUT = 1800.0
 DEFAULT_LAUNCH_TIMEOUT = 300.0
 
@@ -83,6 +87,10 @@ def default_timeout() -> float:
 
 def error_grace() -> float:
     return _float_env(ERROR_GRACE_ENV, DEFAULT_ERROR_GRACE)
+
+
+def idle_link_timeout() -> float:
+    return _float_env(IDLE_LINK_TIMEOUT_ENV, DEFAULT_IDLE_LINK_TIMEOUT)
 
 
 def launch_timeout() -> float:

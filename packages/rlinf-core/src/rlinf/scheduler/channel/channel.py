@@ -151,13 +151,16 @@ class Channel:
             return _local[name]
         session = current_session()
         deadline = time.monotonic() + timeout
+        pause = 0.05  # doubles up to a second: a long wait costs the registry a lookup a second, not twenty
         while True:
             record = session.lookup_group(group)
             if record is not None:
                 return cls(name)
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise CommunicationError(f"no channel named {name!r} exists (create it with create_channel / Channel.create)")
-            time.sleep(0.05)
+            time.sleep(min(pause, left))
+            pause = min(1.0, pause * 2)
 
     def __reduce__(self):
         return (Channel, (self._name, self._maxsize))

@@ -35,7 +35,6 @@ import sys
 from typing import Any, Callable, Optional
 
 import cloudpickle
-import numpy as np
 
 from ..serialization import keep_own_classes  # noqa: F401  (received classes resolve to ours untouched)
 from ..serialization import ship_run_time_modules_by_value
@@ -47,6 +46,18 @@ _RAW_KINDS = frozenset("biufcmMSUV")
 
 def _torch():
     return sys.modules.get(_TORCH)
+
+
+_ndarray_type = None  # numpy.ndarray once numpy is imported: no object can be one before that
+
+
+def _ndarray():
+    """numpy is imported lazily (a worker that never sends an array starts without it, about 0.3 s faster)."""
+    global _ndarray_type
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        _ndarray_type = numpy.ndarray
+    return _ndarray_type
 
 
 _torch_dtypes: dict = {}  # name -> torch dtype
@@ -93,6 +104,8 @@ def _to_device(tensor, device: str):
 
 
 def _rebuild_ndarray(dtype, shape: tuple, buf) -> np.ndarray:
+    import numpy as np
+
     raw = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
     return raw.view(np.dtype(dtype)).reshape(shape)
 
@@ -141,6 +154,8 @@ def _dtype_name(dtype) -> str:
 
 
 def _reduce_ndarray(arr: np.ndarray):
+    import numpy as np
+
     dtype = arr.dtype
     if dtype.kind not in _RAW_KINDS or dtype.hasobject or dtype.itemsize == 0:
         return NotImplemented  # numpy's own pickling
@@ -166,7 +181,7 @@ class _Pickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj):
         kind = type(obj)
-        if kind is np.ndarray:
+        if kind is (_ndarray_type or _ndarray()):
             return _reduce_ndarray(obj)
         torch = _torch()
         if torch is not None and isinstance(obj, torch.Tensor):

@@ -14,6 +14,15 @@ the receiver queues the new connection behind the old one and reads the old
 one to its end first.  Links of peers that went away are closed the next
 time a connection is made, so a long run with restarted workers does not
 accumulate sockets or shared-memory mappings.
+
+Links that carry nothing for ``RLINF_IDLE_LINK_TIMEOUT`` seconds are closed by
+their sender, in the pair's turn (so never under a send), and the next send
+connects again; the receiver reads the old link to its end before the new one,
+so a close and reopen loses and reorders nothing.  One housekeeping thread per
+process does this and closes incoming links whose sender left: descriptors
+follow the peers a worker actually talks to, threads do not follow peers at all.
+Group records are cached per group (``_lookup``): registry traffic follows the
+groups a worker talks to, refreshed only when a peer looks gone or relaunched.
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ class _Pair:
     link: Optional[Link] = None
     transport: Optional[str] = None
     endpoint: Optional[dict] = None  # what an outgoing link connected to
+    last_used: float = 0.0  # outgoing only: when a send last took the link (time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: incoming only: newer connections from the same sender, read once ``link`` has ended
     queued: collections.deque = field(default_factory=collections.deque)
@@ -90,8 +100,14 @@ class Communicator:
         self._in: dict[str, _Pair] = {}
         self._cond = threading.Condition()
         self._groups: dict[str, Any] = {}
+        self._lookup_locks: dict[str, threading.Lock] = {}
         self._transport_names: dict = {}
         self._services: dict[str, Callable] = {}
+        self._idle_timeout = config.idle_link_timeout()  # a bad value fails here, as the worker starts
+        self._housekeeper: Optional[threading.Thread] = None
+        self._closed = threading.Event()
+        #: counters for tests and benchmarks: registry lookups made, links closed for being idle
+        self.stats = {"registry_lookups": 0, "idle_closed": 0}
         registry = get_registry()
         for entry in registry.provided["transport"].values():
             if "cpu" not in entry.descriptor.devices or entry.unusable_reason():
@@ -114,22 +130,35 @@ class Communicator:
         key = peer.group_key
         record = None if refresh else self._groups.get(key)
         if record is None:
-            from ..cluster import current_session
-
-            record = current_session().lookup_group(key)
-            if record is None:
-                raise CommunicationError(
-                    f"{self.name}: no group named {key!r} is running in this cluster "
-                    f"(running groups: {current_session().list_groups()})",
-                    peer=peer.get_name(),
-                )
-            self._groups[key] = record
+            with self._cond:
+                lock = self._lookup_locks.setdefault(key, threading.Lock())
+            # one fetch per group at a time: the other senders of an all-to-all wait for it instead of
+            # asking too (bounded: the launcher bounds every registry request)
+            with lock:
+                record = None if refresh else self._groups.get(key)
+                if record is None:
+                    record = self._fetch(peer)
         if peer.rank >= len(record.workers):
             raise CommunicationError(
                 f"{self.name}: rank {peer.rank} is out of range for group {key!r} of {len(record.workers)} worker(s)",
                 peer=peer.get_name(),
             )
         return record.workers[peer.rank]
+
+    def _fetch(self, peer: WorkerAddress):
+        from ..cluster import current_session
+
+        key = peer.group_key
+        self.stats["registry_lookups"] += 1
+        record = current_session().lookup_group(key)
+        if record is None:
+            raise CommunicationError(
+                f"{self.name}: no group named {key!r} is running in this cluster "
+                f"(running groups: {current_session().list_groups()})",
+                peer=peer.get_name(),
+            )
+        self._groups[key] = record
+        return record
 
     def _describe(self, peer: WorkerAddress) -> str:
         try:
@@ -205,6 +234,55 @@ class Communicator:
         for link in closed:
             link.close()
 
+    # -- idle links ------------------------------------------------------------------
+    def _start_housekeeping(self) -> None:
+        if self._housekeeper is not None:
+            return
+        with self._cond:
+            if self._housekeeper is None and not self._closed.is_set():
+                self._housekeeper = threading.Thread(target=self._housekeep, name="rlinf-p2p-housekeeping",
+                                                     daemon=True)
+                self._housekeeper.start()
+
+    def _housekeep(self) -> None:
+        """Close idle outgoing links and ended incoming ones, a few times per idle timeout."""
+        interval = min(5.0, max(0.05, self._idle_timeout / 4))
+        while not self._closed.wait(interval):  # bounded: wakes every interval; close() ends it at once
+            try:
+                self.close_idle_links()
+                self._sweep()
+            except Exception:  # never let housekeeping end: the next round tries again
+                log.debug("%s: housekeeping failed", self.name, exc_info=True)
+
+    def close_idle_links(self, idle: Optional[float] = None) -> int:
+        """Close outgoing links unused for ``idle`` seconds (default ``RLINF_IDLE_LINK_TIMEOUT``); returns how many.
+
+        Each close takes the pair's turn without waiting (a pair with an
+        operation running or queued is not idle), so it never cuts a send
+        short and the next send, which reconnects, comes after it.
+        """
+        idle = self._idle_timeout if idle is None else idle
+        now = time.monotonic()
+        with self._cond:
+            candidates = [p for p in self._out.values() if p.link is not None and now - p.last_used >= idle]
+        closed = 0
+        for pair in candidates:
+            ticket = pair.turnstile.try_take()
+            if ticket is None:
+                continue
+            try:
+                with self._cond:
+                    link = pair.link
+                    if link is None or time.monotonic() - pair.last_used < idle:
+                        continue
+                    pair.link = None
+                link.close()
+                closed += 1
+            finally:
+                pair.turnstile.done(ticket)
+        self.stats["idle_closed"] += closed
+        return closed
+
     def _promote(self, pair: _Pair) -> None:
         """The current incoming link has ended: the next queued one takes its place (lock held)."""
         pair.link, pair.transport = pair.queued.popleft() if pair.queued else (None, pair.transport)
@@ -231,6 +309,7 @@ class Communicator:
             link = pair.link = None
             self._groups.pop(peer.group_key, None)
         if link is not None and pair.transport == transport:
+            pair.last_used = time.monotonic()
             return pair, link
         if link is not None:
             raise CommunicationError(
@@ -253,7 +332,9 @@ class Communicator:
         pair.endpoint = endpoint  # also when connecting fails: the sender compares it with a fresh record
         link = self._transports[transport].connect(endpoint, hello, deadline)
         pair.link, pair.transport = link, transport
+        pair.last_used = time.monotonic()
         self._sweep()
+        self._start_housekeeping()
         return pair, link
 
     @hook("p2p_send")
@@ -301,8 +382,8 @@ class Communicator:
         pair = self._pair(self._in, peer.get_name())
         link = pair.link
         if link is None:
-            if ended:
-                self._groups.pop(peer.group_key, None)  # a relaunched group has new endpoints
+            # after a link ended, the cached record stays: the probe below refreshes it only if the
+            # sender's process is gone (a relaunched group), so an idle close costs no registry call
             try:
                 record = self._lookup(peer)  # validates group and rank before waiting
             except CommunicationError:
@@ -540,6 +621,7 @@ class Communicator:
         return self._run(pair, op, async_op, "receiving a tensor from", peer, timeout)
 
     def close(self) -> None:
+        self._closed.set()
         state = getattr(self, "broadcast_state", None)
         if state is not None:
             state.close()

@@ -2,15 +2,17 @@
 
 Each direction of each pair has a ``Turnstile``: an operation takes a ticket
 when it is called (so call order decides) and runs when its turn comes.
-Asynchronous operations run on the pair's ``SerialRunner``, one daemon
-thread, so a blocked operation never holds a process exit hostage and
-queued operations never starve each other of threads.
+Asynchronous operations run on the pair's ``SerialRunner``, which queues
+them and drains the queue on a small process-wide pool of daemon threads
+(``_Pool``): a blocked operation never holds a process exit hostage, queued
+operations never starve each other of threads, and the number of threads
+does not grow with the number of peers.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
-import queue
 import threading
 import time
 from typing import Callable, Optional
@@ -27,6 +29,15 @@ class Turnstile:
 
     def take(self) -> int:
         with self._lock:
+            ticket = self._next
+            self._next += 1
+            return ticket
+
+    def try_take(self) -> Optional[int]:
+        """A ticket whose turn is now, or None when an operation is running or queued (never waits)."""
+        with self._lock:
+            if self._serving != self._next:
+                return None
             ticket = self._next
             self._next += 1
             return ticket
@@ -59,41 +70,127 @@ class Turnstile:
                 self._cond.notify_all()
 
 
-class SerialRunner:
-    """Runs submitted callables one at a time, in order, on a daemon thread.
+class _Pool:
+    """Threads shared by every pair's ``SerialRunner``: the thread count follows the work, not the peers.
 
-    The thread exits after ``IDLE_EXIT`` seconds without work and is started
-    again by the next ``submit``, so pairs that went quiet (or whose peer is
-    gone) hold no thread.
+    A queued job runs on an idle pool thread; a new thread starts only while
+    fewer than ``SOFT_LIMIT`` exist, or when the queue made no progress for
+    ``STALL`` seconds (every thread is blocked, say in receives whose peers
+    wait for an operation still queued here: starting more threads, 1, 2, 4,
+    ... per STALL while it lasts, is what keeps that from becoming a deadlock).  So an all-to-all round of quick
+    sends runs on a handful of threads however many peers there are, and
+    operations that block never starve the others.  A thread idle for
+    ``IDLE_EXIT`` seconds exits.
     """
 
+    SOFT_LIMIT = 4
+    STALL = 0.05
     IDLE_EXIT = 2.0
+
+    def __init__(self):
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # idle workers wait here: a notify always reaches a worker
+        self._watch_cond = threading.Condition(lock)  # the watcher's own: it must never take a worker's wake-up
+        self._jobs: "collections.deque" = collections.deque()
+        self._threads = 0
+        self._idle = 0
+        self._progress = 0  # jobs started so far: the watcher compares it across a STALL
+        self._watching = False
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            if self._idle > len(self._jobs) - 1:
+                self._cond.notify()
+                return
+            if self._threads < self.SOFT_LIMIT:
+                self._start()
+            elif not self._watching:
+                self._watching = True
+                threading.Thread(target=self._watch, name="rlinf-p2p-watch", daemon=True).start()
+
+    def _start(self) -> None:  # lock held
+        self._threads += 1
+        try:
+            threading.Thread(target=self._work, name="rlinf-p2p", daemon=True).start()
+        except RuntimeError:  # no thread to be had now: the queued jobs run on the threads there are
+            self._threads -= 1
+            if self._threads == 0:
+                raise
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    self._idle += 1
+                    try:
+                        # bounded: a thread waits at most IDLE_EXIT per round, then leaves if nothing came
+                        timed_out = not self._cond.wait(self.IDLE_EXIT)
+                    finally:
+                        self._idle -= 1
+                    if timed_out and not self._jobs:
+                        self._threads -= 1
+                        return
+                job = self._jobs.popleft()
+                self._progress += 1
+            job()  # a job never raises: SerialRunner._drain catches everything
+
+    def _watch(self) -> None:
+        """While jobs are queued: start a thread whenever a STALL passes without one being taken."""
+        with self._cond:
+            seen = self._progress
+            burst = 1  # doubles while the stall lasts: many blocked jobs get their threads in a few rounds
+            while self._jobs:
+                self._watch_cond.wait(self.STALL)  # bounded: wakes every STALL while jobs are queued
+                if self._jobs and self._progress == seen and self._idle == 0:
+                    for _ in range(min(burst, len(self._jobs))):
+                        self._start()
+                    burst *= 2
+                else:
+                    burst = 1
+                seen = self._progress
+            self._watching = False
+
+
+_pool = _Pool()
+
+
+class SerialRunner:
+    """Runs submitted callables one at a time, in order, on the process's shared threads.
+
+    The pair's queue is drained by one pool thread at a time, so order within
+    the pair holds; pairs with nothing queued hold no thread at all.
+    """
 
     def __init__(self, name: str):
         self._name = name
-        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._thread: Optional[threading.Thread] = None
+        self._queue: "collections.deque" = collections.deque()
         self._lock = threading.Lock()
+        self._draining = False
 
     def submit(self, fn: Callable) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put((fn, fut))
         with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+            self._queue.append((fn, fut))
+            if self._draining:
+                return fut
+            self._draining = True
+        try:
+            _pool.submit(self._drain)
+        except BaseException:
+            with self._lock:
+                self._draining = False
+                self._queue.remove((fn, fut))
+            raise
         return fut
 
-    def _run(self) -> None:
+    def _drain(self) -> None:
         while True:
-            try:
-                fn, fut = self._queue.get(timeout=self.IDLE_EXIT)
-            except queue.Empty:
-                with self._lock:  # submit() starts a new thread unless we stay
-                    if self._queue.empty():
-                        self._thread = None
-                        return
-                continue
+            with self._lock:
+                if not self._queue:
+                    self._draining = False
+                    return
+                fn, fut = self._queue.popleft()
             if not fut.set_running_or_notify_cancel():
                 continue
             try:

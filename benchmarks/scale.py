@@ -1,0 +1,292 @@
+"""Many workers on several simulated nodes, against raw Ray actors with the same placement.
+
+    hatch run bench scale [--sizes 8,16,32,64] [--groups 4] [--nodes 4]
+
+A private Ray cluster of ``--nodes`` nodes on this machine (``ray.cluster_utils``,
+loopback, its own temp dir) hosts N workers in ``--groups`` groups, each group
+spread over every node.  For each N it measures, in the same run:
+
+* launch: every group launched and answering once, against raw Ray actors
+  placed the same way (one placement group per group, one bundle per worker,
+  each pinned to its node) and answering once;
+* group call: a no-op on every group at once, against ``ray.get`` of a no-op on
+  every raw actor;
+* an all-to-all round (every worker sends a small object to every other and
+  receives one from each), then the threads and descriptors each worker
+  process holds, and its memory (RSS).
+
+Targets: launch and group call at most 1.25x raw Ray at every N.  The table
+goes to stdout, the plot (time against N, one line per measure and baseline)
+to ``benchmarks/results/scale.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+
+from common import RESULTS, Target, add_run_options, parse, print_table
+
+from rlinf.scheduler import NodePlacementStrategy, Worker
+
+SMALL = {"step": 0, "reward": 0.5, "done": False}
+
+
+def _process_stats() -> dict:
+    import psutil
+
+    from rlinf.scheduler.p2p.communicator import local_communicator
+
+    proc = psutil.Process()
+    names = [t.name for t in threading.enumerate()]
+    comm = local_communicator()
+    return {
+        "registry_lookups": comm.stats["registry_lookups"] if comm is not None else 0,
+        "os_threads": proc.num_threads(),
+        "py_threads": len(names),
+        "rlinf_threads": sum(1 for n in names if n.startswith("rlinf")),
+        "fds": proc.num_fds(),
+        "rss": proc.memory_info().rss,
+    }
+
+
+class ScaleWorker(Worker):
+    def __init__(self):
+        super().__init__()
+
+    def noop(self):
+        return None
+
+    def stats(self):
+        return _process_stats()
+
+    def all_to_all(self, peers):
+        """Send to every peer (asynchronously), receive from every peer, wait for the sends."""
+        me = (self.worker_group_name, self._rank)
+        others = [tuple(p) for p in peers if tuple(p) != me]
+        sends = [self.send(SMALL, g, r, async_op=True) for g, r in others]
+        for g, r in others:
+            self.recv(g, r)
+        for s in sends:
+            s.wait()
+        return _process_stats()
+
+
+class RawActor:
+    def noop(self):
+        return None
+
+
+def _start_nodes(nodes: int):
+    """``ray start`` processes on loopback, each in its own process group, in a temp dir of their own."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from ray_nodes import RayNodes
+
+    # Ray's cluster mode (more than one node) advertises this machine's address instead of loopback
+    cluster = RayNodes(multi_node=nodes > 1)
+    cluster.start_head(num_cpus=4)
+    for _ in range(nodes - 1):
+        cluster.add_node(num_cpus=4)
+    return cluster
+
+
+def _raw_launch(ray, placements: list[list], node_ids: list[str]):
+    """Raw actors placed exactly as rlinf places workers: a placement group per group, bundles pinned by node id."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from rlinf.ray.launcher import NODE_LABEL, WORKER_CPU
+
+    raw_cls = ray.remote(RawActor)
+    groups = []
+    for nodes in placements:
+        pg = placement_group([{"CPU": WORKER_CPU}] * len(nodes), strategy="PACK",
+                             bundle_label_selector=[{NODE_LABEL: node_ids[n]} for n in nodes])
+        ray.get(pg.ready(), timeout=300)
+        actors = [raw_cls.options(num_cpus=WORKER_CPU, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            pg, placement_group_bundle_index=i)).remote() for i in range(len(nodes))]
+        ray.get([a.noop.remote() for a in actors], timeout=300)
+        groups.append((actors, pg))
+    return groups
+
+
+def _raw_stop(ray, groups) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    for actors, pg in groups:
+        for a in actors:
+            ray.kill(a)
+        remove_placement_group(pg)
+
+
+def _placements(n: int, groups: int, nodes: int) -> list[list[int]]:
+    sizes = [n // groups + (1 if g < n % groups else 0) for g in range(groups)]
+    out, k = [], 0
+    for size in sizes:
+        out.append([(k + i) % nodes for i in range(size)])
+        k += size
+    return out
+
+
+def measure(cluster, ray, n: int, args, tag: str) -> dict:
+    node_ids = [node.node_id for node in cluster.nodes]
+    placements = _placements(n, args.groups, args.nodes)
+
+    raw_launch, our_launch = [], []
+    groups = None
+    for i in range(args.launches):
+        # alternate who goes first: the first to launch gets Ray's prestarted worker processes
+        for ours in ((False, True) if i % 2 == 0 else (True, False)):
+            if not ours:
+                start = time.perf_counter()
+                raw = _raw_launch(ray, placements, node_ids)
+                raw_launch.append(time.perf_counter() - start)
+                _raw_stop(ray, raw)
+                continue
+            if groups is not None:
+                for g in groups:
+                    g.stop()
+            start = time.perf_counter()
+            groups = [ScaleWorker.create_group().launch(cluster, NodePlacementStrategy(p), name=f"scale_{tag}_{i}_{g}")
+                      for g, p in enumerate(placements)]
+            for g in groups:
+                g.noop().wait()
+            our_launch.append(time.perf_counter() - start)
+
+    raw = _raw_launch(ray, placements, node_ids)
+    actors = [a for group_actors, _ in raw for a in group_actors]
+    raw_call, our_call = [], []
+    for _ in range(args.rounds):  # interleaved: both see the same machine noise
+        start = time.perf_counter()
+        for _ in range(args.calls):
+            ray.get([a.noop.remote() for a in actors])
+        raw_call.append((time.perf_counter() - start) / args.calls)
+        start = time.perf_counter()
+        for _ in range(args.calls):
+            for h in [g.noop() for g in groups]:
+                h.wait()
+        our_call.append((time.perf_counter() - start) / args.calls)
+    _raw_stop(ray, raw)
+
+    peers = [(g.worker_group_name, r) for g in groups for r in range(g.world_size)]
+    before = [s for g in groups for s in g.stats().wait()]
+    start = time.perf_counter()
+    after = [s for h in [g.all_to_all(peers) for g in groups] for s in h.wait()]
+    round_s = time.perf_counter() - start
+    second = time.perf_counter()
+    [s for h in [g.all_to_all(peers) for g in groups] for s in h.wait()]
+    round2_s = time.perf_counter() - second
+    for g in groups:
+        g.stop()
+    return {
+        "n": n,
+        "raw_launch": statistics.median(raw_launch), "our_launch": statistics.median(our_launch),
+        "raw_call": statistics.median(raw_call), "our_call": statistics.median(our_call),
+        "round": round_s, "round2": round2_s,
+        "threads_before": max(s["os_threads"] for s in before), "threads_after": max(s["os_threads"] for s in after),
+        "rlinf_threads_after": max(s["rlinf_threads"] for s in after),
+        "fds_before": max(s["fds"] for s in before), "fds_after": max(s["fds"] for s in after),
+        "rss_mb": statistics.median(s["rss"] for s in after) / 2**20,
+        "registry_lookups": max(s["registry_lookups"] for s in after),
+    }
+
+
+def save_plot(rows: list[dict]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(RESULTS, exist_ok=True)
+    ns = [r["n"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(ns, [r["raw_launch"] for r in rows], "o--", label="launch, raw Ray")
+    left.plot(ns, [r["our_launch"] for r in rows], "o-", label="launch, rlinf")
+    left.plot(ns, [r["round"] for r in rows], "s-", label="all-to-all round (first, connects)")
+    left.plot(ns, [r["round2"] for r in rows], "s:", label="all-to-all round (second)")
+    left.set_xlabel("workers")
+    left.set_ylabel("seconds")
+    left.set_title("launch and all-to-all")
+    left.legend()
+    right.plot(ns, [r["raw_call"] * 1e3 for r in rows], "o--", label="noop on every worker, raw Ray")
+    right.plot(ns, [r["our_call"] * 1e3 for r in rows], "o-", label="noop on every group, rlinf")
+    right.set_xlabel("workers")
+    right.set_ylabel("ms")
+    right.set_title("group call")
+    right.legend()
+    fig.tight_layout()
+    path = os.path.join(RESULTS, "scale.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot written to {path}")
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="8,16,32,64", help="worker counts, comma-separated")
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--launches", type=int, default=2)
+    add_run_options(parser, sizes="4", groups=2, nodes=2, calls=5, rounds=1, launches=1)
+    args = parse(parser, argv)
+
+    import ray
+
+    from rlinf.scheduler import Cluster
+
+    nodes = _start_nodes(args.nodes)
+    rows = []
+    try:
+        os.environ.pop("RAY_AUTH_TOKEN", None)
+        os.environ.setdefault("RLINF_NODE_WAIT_TIMEOUT", "120")
+        for attempt in range(6):  # the head's raylet may register with its GCS a while after the port opens
+            try:
+                ray.init(address=nodes.address, log_to_driver=False)
+                break
+            except ConnectionError:
+                if attempt == 5:
+                    raise
+                time.sleep(5)
+        cluster = Cluster(num_nodes=args.nodes)
+        for n in [int(s) for s in args.sizes.split(",")]:
+            rows.append(measure(cluster, ray, n, args, str(n)))
+            r = rows[-1]
+            print(f"N={n}: launch {r['our_launch']:.2f}s vs raw {r['raw_launch']:.2f}s, "
+                  f"call {r['our_call'] * 1e3:.2f}ms vs raw {r['raw_call'] * 1e3:.2f}ms, "
+                  f"round {r['round']:.2f}s, threads {r['threads_after']}, fds {r['fds_after']}", flush=True)
+        cluster.shutdown()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        nodes.stop()
+
+    print_table(
+        f"Scale benchmark ({args.nodes} simulated nodes, {args.groups} groups; medians; threads/fds/RSS per worker process)",
+        ["N", "launch raw (s)", "launch rlinf (s)", "ratio", "call raw (ms)", "call rlinf (ms)", "ratio",
+         "all-to-all 1st (s)", "2nd (s)", "threads before/after", "rlinf threads", "fds before/after", "RSS (MiB)",
+         "registry lookups"],
+        [[r["n"], r["raw_launch"], r["our_launch"], r["our_launch"] / r["raw_launch"], r["raw_call"] * 1e3,
+          r["our_call"] * 1e3, r["our_call"] / r["raw_call"], r["round"], r["round2"],
+          f"{r['threads_before']}/{r['threads_after']}", r["rlinf_threads_after"],
+          f"{r['fds_before']}/{r['fds_after']}", r["rss_mb"], r["registry_lookups"]] for r in rows],
+    )
+    save_plot(rows)
+    targets = []
+    for r in rows:
+        targets.append(Target(f"launch vs raw Ray at N={r['n']}", r["our_launch"] / r["raw_launch"], "<=", 1.25))
+        targets.append(Target(f"group call vs raw Ray at N={r['n']}", r["our_call"] / r["raw_call"], "<=", 1.25))
+    return targets
+
+
+if __name__ == "__main__":
+    from run import main as run_main
+
+    raise SystemExit(run_main(["scale", *__import__("sys").argv[1:]]))

@@ -1,0 +1,271 @@
+"""Many peers: what a worker holds after talking to all of them, and what it asks the registry.
+
+Nine workers in three groups on the session cluster, over TCP
+(``RLINF_CPU_LOCAL=0``: the path where every incoming link is read ahead)
+with ``RLINF_IDLE_LINK_TIMEOUT=1``.  One launch serves every test here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from launcher_marks import cpu_transport_internals
+from rlinf.scheduler import Worker
+
+GROUPS, PER_GROUP = 3, 3
+IDLE_TIMEOUT = 1.0
+
+pytestmark = [cpu_transport_internals, pytest.mark.timeout(400)]  # launching nine workers on a loaded machine
+
+
+def _rlinf_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("rlinf"))
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class Peer(Worker):
+    def __init__(self):
+        super().__init__()
+
+    def me(self):
+        return (self.worker_group_name, self._rank)
+
+    def counts(self):
+        from rlinf.scheduler.p2p.communicator import local_communicator
+
+        comm = local_communicator(create=True)
+        return {"threads": _rlinf_threads(), "fds": _fds(), **comm.stats}
+
+    def exchange(self, peers, tag):
+        """Send to every peer at once (asynchronously), then receive one object from each."""
+        me = self.me()
+        peers = [tuple(p) for p in peers if tuple(p) != me]
+        sends = [self.send((me, tag), g, r, async_op=True) for g, r in peers]
+        got = [self.recv(g, r) for g, r in peers]
+        for s in sends:
+            s.wait()
+        assert got == [((g, r), tag) for g, r in peers], got
+        return self.counts()
+
+    def exchange_some(self, peers_of, tag):
+        return self.exchange(peers_of[self.me()], tag)
+
+    def settled_threads(self, bound, within):
+        """The rlinf thread count once it is at most ``bound`` (or after ``within`` seconds, whatever it is)."""
+        deadline = time.monotonic() + within
+        while _rlinf_threads() > bound and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return _rlinf_threads()
+
+    def wait_idle_closed(self, within):
+        from rlinf.scheduler.p2p.communicator import local_communicator
+
+        comm = local_communicator()
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            with comm._cond:
+                open_out = sum(1 for p in comm._out.values() if p.link is not None)
+                open_in = sum(1 for p in comm._in.values() if p.link is not None or p.queued)
+            if open_out == 0 and open_in == 0:
+                break
+            time.sleep(0.1)
+        return {"open_out": open_out, "open_in": open_in, **self.counts()}
+
+    def stream(self, dst, n, close_every):
+        """``n`` numbered sends to ``dst`` (every other one asynchronous); every ``close_every``
+        sends the links are closed as if idle, and the next send reopens them."""
+        from rlinf.scheduler.p2p.communicator import local_communicator
+
+        comm = local_communicator()
+        works = []
+        for i in range(n):
+            if i % 2:
+                self.send(i, *dst)
+            else:
+                works.append(self.send(i, *dst, async_op=True))
+            if i % close_every == close_every - 1:
+                for w in works:
+                    w.wait()
+                works = []
+                comm.close_idle_links(idle=0.0)
+        for w in works:
+            w.wait()
+        return comm.stats["idle_closed"]
+
+    def drain(self, src, n):
+        return [self.recv(*src) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def peers(cluster):
+    saved = {k: os.environ.get(k) for k in ("RLINF_CPU_LOCAL", "RLINF_IDLE_LINK_TIMEOUT")}
+    os.environ["RLINF_CPU_LOCAL"] = "0"
+    os.environ["RLINF_IDLE_LINK_TIMEOUT"] = str(IDLE_TIMEOUT)
+    groups = []
+    try:
+        for g in range(GROUPS):
+            groups.append(Peer.create_group().launch(cluster, name=f"scale_{g}_{os.getpid()}",
+                                                     placement_strategy=_placement(cluster)))
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    yield groups
+    for g in groups:
+        g.stop()
+
+
+def _placement(cluster):
+    from rlinf.scheduler import NodePlacementStrategy
+
+    return NodePlacementStrategy([0] * PER_GROUP)
+
+
+def _all(groups, method, *args):
+    return [x for h in [getattr(g, method)(*args) for g in groups] for x in h.wait()]
+
+
+def test_threads_fds_and_registry_calls_follow_groups_and_peers_talked_to(peers):
+    names = [tuple(x) for x in _all(peers, "me")]
+    n = len(names)
+    before = _all(peers, "counts")
+    # a ring first: each worker talks to its two neighbours only
+    ring = {names[i]: [names[(i - 1) % n], names[(i + 1) % n]] for i in range(n)}
+    after_ring = _all(peers, "exchange_some", ring, "ring")
+    everyone = _all(peers, "exchange", names, "all")
+
+    for b, r, a in zip(before, after_ring, everyone):
+        # descriptors: about one per link (out and in) per peer talked to
+        assert r["fds"] - b["fds"] <= 2 * 2 + 6, (b, r)
+        assert a["fds"] - b["fds"] <= 2 * (n - 1) + 6, (b, a)
+        assert a["fds"] - b["fds"] > r["fds"] - b["fds"], (b, r, a)
+        # one registry lookup per group talked to, never one per worker
+        assert a["registry_lookups"] <= GROUPS < n - 1, a
+    # threads: every incoming TCP link is read ahead, yet the count settles to a constant, not one per peer
+    base = max(b["threads"] for b in before)
+    settled = _all(peers, "settled_threads", base + 3, 15.0)
+    assert max(settled) <= base + 3 < base + n - 1, (before, settled)
+
+
+def test_idle_links_close_after_the_timeout_and_reopen(peers):
+    names = [tuple(x) for x in _all(peers, "me")]
+    _all(peers, "exchange", names, "warm")  # every link open
+    start = time.monotonic()
+    closed = _all(peers, "wait_idle_closed", 20 * IDLE_TIMEOUT)
+    waited = time.monotonic() - start
+    for c in closed:
+        assert c["open_out"] == 0 and c["open_in"] == 0, c
+        assert c["idle_closed"] >= len(names) - 1, c
+    assert waited < 20 * IDLE_TIMEOUT
+    # and the next round reopens them transparently
+    again = _all(peers, "exchange", names, "again")
+    assert all(a["registry_lookups"] <= GROUPS for a in again), again
+
+
+def test_order_holds_across_idle_closes(peers):
+    a, b = peers[0], peers[1]
+    n = 60
+    dst = (b.worker_group_name, 1)
+    src = (a.worker_group_name, 0)
+    sending = a.execute_on(0).stream(dst, n, 7)
+    got = b.execute_on(1).drain(src, n).wait()[0]
+    closes = sending.wait()[0]
+    assert got == list(range(n))
+    assert closes >= n // 7
+
+
+# -- the pool behind asynchronous operations (no cluster needed) ------------------------------
+
+
+def _runners(n):
+    from rlinf.scheduler.p2p.ordering import SerialRunner
+
+    return [SerialRunner(f"test-{i}") for i in range(n)]
+
+
+def test_quick_operations_of_many_pairs_share_a_few_threads():
+    from rlinf.scheduler.p2p.ordering import _Pool
+
+    used = set()
+    futures = [r.submit(lambda: used.add(threading.get_ident())) for r in _runners(64) for _ in range(3)]
+    for f in futures:
+        f.result(timeout=30)
+    assert len(used) <= _Pool.SOFT_LIMIT + 4 < 64, len(used)
+
+
+def test_blocked_operations_never_starve_the_ones_that_unblock_them():
+    """Every pair first waits for an event that only a later operation of another pair sets
+    (like receives posted before the sends their peers wait for): the pool grows until all run."""
+    n = 24
+    events = [threading.Event() for _ in range(n)]
+    receivers, senders = _runners(n), _runners(n)
+    waits = [r.submit(lambda e=events[i]: e.wait(60)) for i, r in enumerate(receivers)]
+    sets = [r.submit(lambda e=events[i]: e.set()) for i, r in enumerate(senders)]
+    start = time.monotonic()
+    assert all(w.result(timeout=60) for w in waits)
+    for s in sets:
+        s.result(timeout=60)
+    assert time.monotonic() - start < 30
+
+
+def test_a_pairs_operations_run_in_order():
+    (runner,) = _runners(1)
+    seen = []
+    futures = [runner.submit(lambda i=i: seen.append(i)) for i in range(200)]
+    for f in futures:
+        f.result(timeout=30)
+    assert seen == list(range(200))
+
+
+def test_one_reader_thread_reads_ahead_on_every_tcp_link(monkeypatch):
+    """Twenty TCP links into one transport: one reader thread, every message in order, a message
+    over the read-ahead budget delivered whole, and the end of a link only after what it carried."""
+    import json
+
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+
+    monkeypatch.setenv("RLINF_CPU_LOCAL", "0")
+    monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
+    accepted, cond = {}, threading.Condition()
+
+    def on_accept(link, hello):
+        with cond:
+            accepted[json.loads(hello)["i"]] = link
+            cond.notify_all()
+
+    server = CpuTransport()
+    endpoint = server.listen(on_accept, "127.0.0.1")
+    client = CpuTransport()
+    client.listen(lambda link, hello: link.close(), "127.0.0.1")
+    try:
+        outs = [client.connect(endpoint, json.dumps({"i": i}).encode(), time.monotonic() + 10) for i in range(20)]
+        with cond:
+            assert cond.wait_for(lambda: len(accepted) == 20, 10)
+        for k in range(20):
+            for out in outs:
+                out.send([k.to_bytes(4, "little"), bytes(100_000)], time.monotonic() + 10)
+        for i in range(20):
+            got = [int.from_bytes(bytes(accepted[i].recv(time.monotonic() + 10)[1][0]), "little") for _ in range(20)]
+            assert got == list(range(20))
+        readers = [t for t in threading.enumerate() if t.name == "rlinf-cpu-reader"]
+        assert len(readers) == 1
+        big = bytes(80 << 20)  # over the 64 MiB read-ahead budget
+        sender = threading.Thread(target=outs[0].send, args=([big], time.monotonic() + 60))
+        sender.start()
+        assert len(accepted[0].recv(time.monotonic() + 60)[1][0]) == len(big)
+        sender.join(60)
+        outs[1].send([b"last"], time.monotonic() + 10)
+        outs[1].close()
+        assert bytes(accepted[1].recv(time.monotonic() + 10)[1][0]) == b"last"
+        with pytest.raises(ConnectionError):
+            accepted[1].recv(time.monotonic() + 10)
+        assert accepted[1].peer_closed()
+    finally:
+        server.close()
+        client.close()
