@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from common import close_cluster, local_cluster, print_table, save_bar_plot
+from common import add_run_options, close_cluster, local_cluster, parse, print_table, save_bar_plot
 from p2p import BenchPeer
 
 from rlinf.scheduler import NodePlacementStrategy
@@ -31,7 +31,8 @@ def main(argv=None):
     parser.add_argument("--sizes", default="1,64,256", help="tensor sizes in MiB")
     parser.add_argument("--pingpongs", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args(argv)
+    add_run_options(parser, sizes="1", pingpongs=20, rounds=1)
+    args = parse(parser, argv)
     sizes = [int(s) for s in args.sizes.split(",")]
 
     cluster = local_cluster()

@@ -20,8 +20,10 @@ TABLE_TITLES = {
     "channel": "Channel vs ray.util.queue.Queue",
     "mpi": "rlinf over MPI against raw mpi4py",
     "trace": "Tracing overhead",
+    "weights": "Weight sync",
+    "gloo": "torch-gloo against the cpu transport",
 }
-TARGETS = {"group": 2, "p2p": 1, "channel": 2, "mpi": 1, "trace": 2}  # targets a smoke run (no 256 MiB size) reports
+TARGETS = {"group": 2, "p2p": 1, "channel": 4, "mpi": 1, "trace": 2, "weights": 5, "gloo": 0}  # targets a smoke run (no 256 MiB size) reports
 
 
 @pytest.mark.timeout(300)
