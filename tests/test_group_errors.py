@@ -160,13 +160,30 @@ def test_unpicklable_constructor_argument_is_refused_before_launch(cluster):
 
 
 def test_argument_that_cannot_be_unpacked_in_the_worker(launch, tmp_path, monkeypatch):
-    (tmp_path / "driver_only_type.py").write_text("class Thing:\n    pass\n")
+    # a module only the driver can import travels by value (docs/rlinf.md); one whose
+    # unpickling fails in the worker is reported as the call's error, naming it
+    (tmp_path / "driver_only_type.py").write_text(textwrap.dedent(f"""
+        import os
+
+        class Thing:
+            pass
+
+        def _rebuild(driver_pid):
+            if os.getpid() != driver_pid:
+                raise ModuleNotFoundError("driver_only_type cannot be rebuilt here")
+            return Broken()
+
+        class Broken:
+            def __reduce__(self):
+                return (_rebuild, ({os.getpid()},))
+        """))
     monkeypatch.syspath_prepend(str(tmp_path))
     import driver_only_type
 
     group = launch(Faulty, placement=NodePlacementStrategy([0]), name="badarg")
+    assert group.fail_on(driver_only_type.Thing()).wait(timeout=60) == [0]  # by value: it arrives
     with pytest.raises(WorkerMethodError, match="could not start in the worker") as info:
-        group.fail_on(driver_only_type.Thing()).wait(timeout=60)
+        group.fail_on(driver_only_type.Broken()).wait(timeout=60)
     assert info.value.rank == 0 and info.value.method == "fail_on" and "driver_only_type" in str(info.value)
     assert group.fail_on(3).wait() == [0]  # the worker is fine
     sys.modules.pop("driver_only_type", None)
