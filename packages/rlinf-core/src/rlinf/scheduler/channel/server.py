@@ -91,6 +91,9 @@ class _Queue:
     putters: collections.deque = field(default_factory=collections.deque)
 
 
+#: the deadline heap is compacted when it reaches this size (and then twice what was left)
+_MIN_TIMERS_COMPACT = 1024
+
 #: queued frames at least this large live in anonymous mappings, not on the heap
 _MAPPED_MIN = 1 << 16
 #: bytes of such mappings kept for reuse once their items are consumed
@@ -192,7 +195,8 @@ class ChannelServer:
         self._blocks = _BlockPool()
         self._send_timeout = send_timeout()
         self._dead_after = DEAD_AFTER_BEATS * heartbeat_interval()
-        self._timers: list = []  # heap of (deadline, seq, waiter)
+        self._timers: list = []  # heap of (deadline, seq, waiter); served waiters leave it lazily
+        self._compact_timers_at = _MIN_TIMERS_COMPACT
         self._seq = itertools.count()
         self._inbox: collections.deque = collections.deque()  # callables posted to the loop by other threads
         self._again: set = set()  # connections that may hold more requests already read off their socket
@@ -507,7 +511,22 @@ class ChannelServer:
         waiters.append(w)
         w.conn.parked[w.rid] = w
         if w.deadline is not None:
+            if len(self._timers) >= self._compact_timers_at:
+                self._compact_timers()
             heapq.heappush(self._timers, (w.deadline, next(self._seq), w))
+
+    def _compact_timers(self) -> None:
+        """Drop the deadlines of waiters already served.
+
+        A served waiter's entry stays in the heap until its deadline, and a
+        steady stream of gets with a timeout would otherwise keep that many
+        entries (and the items of served puts) alive: compacting when the
+        heap doubles keeps it proportional to the waiters still parked, at
+        amortised constant cost per park.
+        """
+        self._timers = [e for e in self._timers if e[2].parked]
+        heapq.heapify(self._timers)
+        self._compact_timers_at = max(_MIN_TIMERS_COMPACT, 2 * len(self._timers))
 
     def _unpark(self, waiters: collections.deque, w: _Waiter) -> None:
         waiters.remove(w)
