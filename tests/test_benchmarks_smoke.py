@@ -22,8 +22,9 @@ TABLE_TITLES = {
     "trace": "Tracing overhead",
     "weights": "Weight sync",
     "gloo": "torch-gloo against the cpu transport",
+    "scale": "Scale benchmark",
 }
-TARGETS = {"group": 2, "p2p": 1, "channel": 4, "mpi": 1, "trace": 2, "weights": 5, "gloo": 0}  # targets a smoke run (no 256 MiB size) reports
+TARGETS = {"group": 2, "p2p": 1, "channel": 4, "mpi": 1, "trace": 2, "weights": 5, "gloo": 0, "scale": 2}  # targets a smoke run (no 256 MiB size) reports
 
 
 @pytest.mark.timeout(300)
