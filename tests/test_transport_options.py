@@ -11,6 +11,7 @@ tests/test_gpu_transports.py and benchmarks/gpu/check.sh.
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 
@@ -45,13 +46,14 @@ def test_descriptors_declare_what_each_transport_honours():
     assert link_options(None, cupy) == {}
 
 
-def test_a_field_a_transport_cannot_honour_is_an_error_naming_both():
-    with pytest.raises(ValueError) as err:
-        link_options(CollectiveGroupOptions(accel_max_ctas=4, is_high_priority_stream=True), _entry("cupy-nccl"))
-    text = str(err.value)
-    assert "'cupy-nccl'" in text and "['accel_max_ctas']" in text and "torch-nccl" in text
-    with pytest.raises(ValueError, match="'torch-gloo' cannot honour .*accel_cluster_size"):
-        link_options(CollectiveGroupOptions(accel_cluster_size=2), _entry("torch-gloo"))
+def test_a_field_a_transport_cannot_honour_is_ignored_and_said_once_at_debug(caplog):
+    caplog.set_level(logging.DEBUG, logger="rlinf.p2p")
+    both = CollectiveGroupOptions(accel_max_ctas=4, is_high_priority_stream=True)
+    assert link_options(both, _entry("cupy-nccl")) == {"is_high_priority_stream": True}
+    assert link_options(both, _entry("cupy-nccl")) == {"is_high_priority_stream": True}
+    said = [r.getMessage() for r in caplog.records if "ignores" in r.getMessage() and "'cupy-nccl'" in r.getMessage()]
+    assert len(said) == 1 and "accel_max_ctas" in said[0] and "torch-nccl" in said[0], said
+    assert link_options(CollectiveGroupOptions(accel_cluster_size=2), _entry("torch-gloo")) == {}
 
 
 @pytest.mark.parametrize("fields, message", [

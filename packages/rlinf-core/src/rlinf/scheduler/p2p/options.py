@@ -30,9 +30,10 @@ class CollectiveGroupOptions:
     stream).  A device transport honours the ones it declares in its plugin
     descriptor (``TransportPlugin.options``): they configure the pair's device
     link when it is set up, the sender's values first, then the receiver's.  A
-    device transport asked for a field it cannot honour refuses the call with a
-    ``ValueError`` before anything is sent.  CPU transports ignore them (said
-    once at DEBUG level), as RLinf's CPU groups do.  ``use_ring_broadcast`` is a
+    transport ignores a field it cannot honour and says so once at DEBUG level
+    (naming the installed transports that do), as RLinf's groups do; a value
+    out of range (``accel_max_ctas=64``) fails the call with a ``ValueError``
+    before anything is sent.  ``use_ring_broadcast`` is a
     hint for ``broadcast``, which sends from the source to each member.
     """
 
@@ -87,11 +88,11 @@ def link_options(options: Optional[CollectiveGroupOptions], entry) -> dict:
     descriptor = entry.descriptor
     can = honoured(descriptor)
     refused = sorted(k for k in wanted if k not in can)
-    if refused:
-        raise ValueError(
-            f"transport {entry.name!r} cannot honour CollectiveGroupOptions field(s) {refused} "
-            f"(it honours {sorted(can) or 'none'}){_who_can(refused)}"
-        )
+    if refused:  # ignored, as RLinf's groups do, and said once per (transport, field) at DEBUG
+        unsupported_options(options, entry.name, can, _who_can(refused))
+        wanted = {k: v for k, v in wanted.items() if k in can}
+        if not wanted:
+            return {}
     check = getattr(descriptor, "check_options", None)
     reason = check(dict(wanted)) if check is not None else None
     if reason:
@@ -111,12 +112,13 @@ _reported: set = set()
 _reported_lock = threading.Lock()
 
 
-def unsupported_options(options: CollectiveGroupOptions, transport_name: str, supported) -> dict:
+def unsupported_options(options: CollectiveGroupOptions, transport_name: str, supported, who_can: str = "") -> dict:
     """The set fields ``transport_name`` cannot honour; logged once per (transport, field) at DEBUG."""
     ignored = {k: v for k, v in options.transport_options().items() if k not in set(supported or ())}
     with _reported_lock:
         fresh = [k for k in ignored if (transport_name, k) not in _reported]
         _reported.update((transport_name, k) for k in fresh)
     if fresh:
-        log.debug("transport %r ignores CollectiveGroupOptions field(s) %s: it does not use them", transport_name, fresh)
+        log.debug("transport %r ignores CollectiveGroupOptions field(s) %s: it does not use them%s",
+                  transport_name, fresh, who_can)
     return ignored
