@@ -1,8 +1,8 @@
 """RLinf's ``CollectiveGroupOptions`` tuning fields reaching the device transports (rlinf-nccl).
 
 What runs without a GPU: which fields each transport declares in its plugin
-descriptor, the checks (a field a transport cannot honour, a value NCCL
-refuses) that fail a call before anything is sent, the mapping onto
+descriptor, a field a transport cannot honour (ignored, said once at DEBUG),
+a value NCCL refuses (the call fails before anything is sent), the mapping onto
 ``ProcessGroupNCCL.Options``, and the pair setup that carries the fields from
 the dialer to the acceptor, exercised with torch's gloo backend (torch-nccl
 runs the same code with NCCL's group).  The NCCL side proper runs on GPUs:
