@@ -46,10 +46,24 @@ class RayNodes:
             self.env.pop(key, None)
 
     def _start(self, args: list[str]) -> None:
-        ports = []
-        for opt in _PORT_OPTIONS:
-            ports += [f"{opt}={free_port()}"]
-        low = free_port()
+        # Ray refuses to start when two of its ports coincide: pick them all while holding each
+        # one open (so they differ), then a worker-port range that contains none of them
+        held = []
+        try:
+            for _ in _PORT_OPTIONS:
+                s = socket.socket()
+                s.bind(("127.0.0.1", 0))
+                held.append(s)
+            picked = [s.getsockname()[1] for s in held]
+        finally:
+            for s in held:
+                s.close()
+        taken = set(picked) | {self.port}
+        ports = [f"{opt}={port}" for opt, port in zip(_PORT_OPTIONS, picked)]
+        for _ in range(100):  # bounded: a 41-port range clear of 7 ports is found within a few tries
+            low = free_port()
+            if low + 40 < 65536 and not any(low <= p <= low + 40 for p in taken):
+                break
         cmd = [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
             *([] if self.multi_node else ["--node-ip-address=127.0.0.1"]), f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--min-worker-port={low}",
