@@ -28,6 +28,11 @@ import statistics
 import threading
 import time
 
+# this benchmark's nodes run as tests/ray_nodes.py starts them, without token authentication
+# (loopback only); Ray reads the mode when it is imported, so drop the caller's settings first
+for _key in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE"):
+    os.environ.pop(_key, None)
+
 from common import RESULTS, Target, add_run_options, parse, print_table
 
 from rlinf.scheduler import NodePlacementStrategy, Worker
@@ -245,7 +250,6 @@ def main(argv=None):
     nodes = _start_nodes(args.nodes)
     rows = []
     try:
-        os.environ.pop("RAY_AUTH_TOKEN", None)
         os.environ.setdefault("RLINF_NODE_WAIT_TIMEOUT", "120")
         for attempt in range(6):  # the head's raylet may register with its GCS a while after the port opens
             try:
