@@ -103,7 +103,9 @@ def test_status_says_nothing_runs(cluster):
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]  # bound, never listening: nothing answers there
     proc = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status"], capture_output=True, text=True,
-                          env=dict(env, RAY_ADDRESS=f"127.0.0.1:{port}"), timeout=60)
+                          env=dict(env, RAY_ADDRESS=f"127.0.0.1:{port}",
+                                   RLINF_STATUS_DIR=os.path.join(os.path.dirname(__file__), "no-such-dir")),
+                          timeout=60)
     closed.close()
     assert proc.returncode == 1 and f"127.0.0.1:{port}" in proc.stderr, proc.stderr
 
