@@ -157,6 +157,13 @@ def save_bar_plot(name: str, title: str, labels: Sequence[str], series: dict, yl
     if log:
         ax.set_yscale("log")
     ax.legend()
+    return save_figure(fig, name)
+
+
+def save_figure(fig, name: str) -> str:
+    """Write ``fig`` to ``RESULTS/name.png``, close it, and say where; every benchmark's plot goes through here."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = os.path.join(RESULTS, f"{name}.png")
     fig.savefig(path, dpi=110)

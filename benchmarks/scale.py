@@ -33,7 +33,7 @@ import time
 for _key in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE"):
     os.environ.pop(_key, None)
 
-from common import RESULTS, Target, add_run_options, parse, print_table
+from common import RESULTS, save_figure, Target, add_run_options, parse, print_table
 
 from rlinf.scheduler import NodePlacementStrategy, Worker
 
@@ -224,12 +224,7 @@ def save_plot(rows: list[dict]) -> str:
     right.set_ylabel("ms")
     right.set_title("group call")
     right.legend()
-    fig.tight_layout()
-    path = os.path.join(RESULTS, "scale.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"plot written to {path}")
-    return path
+    return save_figure(fig, "scale")
 
 
 def main(argv=None):

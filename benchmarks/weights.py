@@ -24,7 +24,7 @@ import os
 import statistics
 import time
 
-from common import RESULTS, Target, add_run_options, close_cluster, local_cluster, parse, print_table
+from common import RESULTS, save_figure, Target, add_run_options, close_cluster, local_cluster, parse, print_table
 
 from rlinf.scheduler import NodePlacementStrategy, Worker
 
@@ -143,12 +143,7 @@ def save_line_plot(name: str, title: str, ns: list, series: dict, ylabel: str) -
     ax.set_title(title)
     ax.set_ylim(bottom=0)
     ax.legend()
-    fig.tight_layout()
-    path = os.path.join(RESULTS, f"{name}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"plot written to {path}")
-    return path
+    return save_figure(fig, name)
 
 
 def main(argv=None):

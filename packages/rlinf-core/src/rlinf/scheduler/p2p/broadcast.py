@@ -400,6 +400,8 @@ class _Child:
         if self.link is not None:
             try:
                 _raw, frames = self.link.recv(deadline)
+                # the link came from the cpu transport's listener: the peer passed the cluster-secret
+                # handshake before any frame was read, so this unpickles only a cluster member's bytes
                 ack = pickle.loads(bytes(frames[0]))
                 errors, self.kept = ack["errors"], ack.get("kept", False)
             except Exception as exc:
@@ -546,7 +548,7 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
     try:
         try:
             _raw, frames = link.recv(deadline)
-            meta = pickle.loads(bytes(frames[0]))
+            meta = pickle.loads(bytes(frames[0]))  # an authenticated link (see _Child.acknowledgement)
             form = meta["form"]
             if child is not None:
                 child.join(state, deadline)
