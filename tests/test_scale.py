@@ -168,8 +168,6 @@ def test_idle_links_close_after_the_timeout_and_reopen(peers):
     assert all(a["registry_lookups"] <= GROUPS for a in again), again
 
 
-@pytest.mark.xfail(strict=False, reason="known race: a link closed for being idle while a send reopens it can "
-                   "deliver later messages before earlier ones (seen in CI); idle closing is off by default")
 def test_order_holds_across_idle_closes(peers):
     a, b = peers[0], peers[1]
     n = 60
@@ -223,6 +221,71 @@ def test_a_pairs_operations_run_in_order():
     for f in futures:
         f.result(timeout=30)
     assert seen == list(range(200))
+
+
+@pytest.mark.parametrize("local", ["1", "0"], ids=["unix", "tcp"])
+def test_a_connection_is_taken_before_connect_returns_so_reconnections_stay_in_order(monkeypatch, local):
+    """The listener finishes handshakes on threads of their own.  Here the first connection's
+    ``on_accept`` is slow: ``connect`` must wait for it, so the second connection (made after the
+    first returned, as a sender reconnecting after an idle close does) is taken second.  Before the
+    acknowledgement, the second was taken first and its messages overtook the first's."""
+    import json
+
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+
+    monkeypatch.setenv("RLINF_CPU_LOCAL", local)
+    monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
+    taken, cond = [], threading.Condition()
+
+    def on_accept(link, hello):
+        i = json.loads(hello)["i"]
+        if i == 0:
+            time.sleep(0.5)  # a handshake thread descheduled between the hello and taking the link
+        with cond:
+            taken.append((i, link))
+            cond.notify_all()
+
+    server = CpuTransport()
+    endpoint = server.listen(on_accept, "127.0.0.1")
+    client = CpuTransport()
+    client.listen(lambda link, hello: link.close(), "127.0.0.1")
+    try:
+        first = client.connect(endpoint, json.dumps({"i": 0}).encode(), time.monotonic() + 10)
+        with cond:
+            assert [i for i, _l in taken] == [0], "connect returned before the listener took the connection"
+        first.send([b"early"], time.monotonic() + 10)
+        first.close()
+        second = client.connect(endpoint, json.dumps({"i": 1}).encode(), time.monotonic() + 10)
+        second.send([b"late"], time.monotonic() + 10)
+        with cond:
+            assert cond.wait_for(lambda: len(taken) == 2, 10)
+        assert [i for i, _l in taken] == [0, 1]
+        assert bytes(taken[0][1].recv(time.monotonic() + 10)[1][0]) == b"early"
+        assert bytes(taken[1][1].recv(time.monotonic() + 10)[1][0]) == b"late"
+        second.close()
+    finally:
+        server.close()
+        client.close()
+
+
+def test_connect_fails_when_the_listener_drops_the_connection_instead_of_taking_it(monkeypatch):
+    """A connection the listener never takes (here ``on_accept`` closes it, as it does a malformed
+    hello) makes ``connect`` fail: before, it returned, and what was sent on it was lost unreported."""
+    from rlinf.scheduler import security
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+
+    monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
+    server = CpuTransport()
+    endpoint = server.listen(lambda link, hello: link.close(), "127.0.0.1")
+    client = CpuTransport()
+    try:
+        start = time.monotonic()
+        with pytest.raises(security.HandshakeError, match="did not take the connection"):
+            client.connect(endpoint, b"{}", time.monotonic() + 10)
+        assert time.monotonic() - start < 5  # at once, not after the handshake timeout
+    finally:
+        server.close()
+        client.close()
 
 
 def test_one_reader_thread_reads_ahead_on_every_tcp_link(monkeypatch):

@@ -8,7 +8,9 @@ Every connection is authenticated before anything else happens on it: the
 listener hands each accepted socket to ``rlinf.scheduler.security``'s
 ``HandshakeGate`` (the cluster-secret challenge both ways, a bounded hello,
 a deadline, a bound on handshakes in flight) and only sees the connections
-that passed; the connecting side runs ``client_handshake`` and ``send_hello``.
+that passed; the connecting side runs ``client_handshake``, ``send_hello``
+and ``await_accepted`` (the listener acknowledges a connection once it took
+it, which keeps a sender's reconnections in order).
 Copy this part as it is: a listener that skips it lets any process that can
 reach the port send pickles to your workers.
 """
@@ -127,7 +129,13 @@ class PlainTcpTransport(Transport):
 
     def listen(self, on_accept, local_ip):
         def authenticated(conn, hello):  # only connections that proved they hold the cluster secret
-            on_accept(self._keep(TcpLink(conn)), hello)
+            link = self._keep(TcpLink(conn))
+            with link._send_lock:  # the acknowledgement goes out before anything else sent on the link
+                on_accept(link, hello)
+                try:  # tells the peer its connection is taken (connect waits for it): keeps reconnections in order
+                    conn.sendall(security.ACCEPTED)  # one byte into an empty socket buffer: never blocks
+                except OSError:
+                    pass  # the peer left: its connect fails
 
         self._gate = gate = security.HandshakeGate(authenticated, name="plaintcp")
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -153,6 +161,7 @@ class PlainTcpTransport(Transport):
             limit = security.handshake_deadline(deadline)
             security.client_handshake(sock, limit)
             security.send_hello(sock, hello, limit)
+            security.await_accepted(sock, limit)  # before the link's reader thread owns the socket
         except BaseException:
             sock.close()
             raise

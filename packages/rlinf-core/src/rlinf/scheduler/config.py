@@ -24,7 +24,7 @@ DEFAULT_ERROR_GRACE = 2.0
 
 #: seconds a point-to-point link may stay unused before its sender closes it (reopened on the next send)
 IDLE_LINK_TIMEOUT_ENV = "RLINF_IDLE_LINK_TIMEOUT"
-DEFAULT_IDLE_LINK_TIMEOUT = 0.0  # never: closing idle links is opt-in (see README)
+DEFAULT_IDLE_LINK_TIMEOUT = 300.0  # 0 in the environment: never
 
 DEFAULT_TIMEOUT = 1800.0
 DEFAULT_LAUNCH_TIMEOUT = 300.0
@@ -90,9 +90,12 @@ def error_grace() -> float:
 
 
 def idle_link_timeout() -> float:
-    """Seconds before an unused link is closed; ``inf`` (never) for 0, the default."""
-    raw = os.environ.get(IDLE_LINK_TIMEOUT_ENV, "")
-    if raw.strip() in ("", "0", "0.0") and DEFAULT_IDLE_LINK_TIMEOUT == 0.0:
+    """Seconds before an unused link is closed; ``inf`` (never) for 0."""
+    try:
+        never = float(os.environ.get(IDLE_LINK_TIMEOUT_ENV, "1")) == 0.0
+    except ValueError:
+        never = False  # _float_env says what is wrong with it
+    if never:
         return math.inf
     return _float_env(IDLE_LINK_TIMEOUT_ENV, DEFAULT_IDLE_LINK_TIMEOUT)
 

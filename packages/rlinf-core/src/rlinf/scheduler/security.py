@@ -216,6 +216,27 @@ def recv_hello(sock: socket.socket, deadline: float) -> bytes:
     return _recv_exact(sock, n, deadline)
 
 
+#: the byte a listener sends once it has taken a connection (registered it where its reader finds it)
+ACCEPTED = b"\x06"
+
+
+def await_accepted(sock: socket.socket, deadline: float) -> None:
+    """After ``send_hello``: wait until the listener has taken the connection.
+
+    Until then the listener may still drop it (its handshake deadline, its
+    bound on handshakes in flight), and bytes sent meanwhile would be lost
+    without an error.  It also orders connections: one made after this
+    returns is taken after this one, even though the listener finishes
+    handshakes on threads of their own.
+    """
+    try:
+        got = _recv_exact(sock, 1, deadline)
+    except HandshakeError as exc:
+        raise HandshakeError(f"the listener did not take the connection ({exc})") from None
+    if got != ACCEPTED:
+        raise HandshakeError("the listener answered the hello with something other than its acknowledgement")
+
+
 def describe_peer(sock: socket.socket) -> str:
     """Who is at the other end, for a log line (address, or pid and uid on a Unix socket)."""
     try:

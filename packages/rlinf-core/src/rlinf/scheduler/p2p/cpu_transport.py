@@ -159,6 +159,7 @@ class SocketLink(Link):
         self._ahead_error: Optional[BaseException] = None
         self._ahead: "collections.deque" = collections.deque()
         self._on_close: list[Callable[["SocketLink"], None]] = []
+        self._owed: Optional[bytes] = None  # bytes the peer must read before anything we send (see owe)
 
     def is_open(self) -> bool:
         return self._wbroken is None and self._rbroken is None
@@ -208,6 +209,23 @@ class SocketLink(Link):
             _remaining(deadline)  # raises once past the deadline
 
     # -- sending ------------------------------------------------------------
+    def owe(self, data: bytes) -> None:
+        """``data`` goes out first: with the next send, or by ``settle``, whichever comes first."""
+        self._owed = data
+
+    def settle(self, deadline: Optional[float]) -> None:
+        """Send what is owed now, if no send did yet; a failure shows as the link's end to the peer."""
+        with self._wlock:
+            try:
+                self._pay_owed(deadline)
+            except (OSError, TimeoutError):
+                pass
+
+    def _pay_owed(self, deadline: Optional[float]) -> None:  # under _wlock
+        owed, self._owed = self._owed, None
+        if owed:
+            self._send_all([owed], [], deadline, [0])
+
     def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
         if self._wbroken is not None:
             raise ConnectionError(f"the connection is unusable: {self._wbroken}")
@@ -250,6 +268,8 @@ class SocketLink(Link):
         progress = [0]
         with self._wlock:
             try:
+                if self._owed is not None:
+                    self._pay_owed(deadline)
                 self._send_all([header, *inline], fds, deadline, progress)
             except BaseException as exc:
                 if progress[0]:
@@ -282,6 +302,8 @@ class SocketLink(Link):
         progress = [0]
         with self._wlock:
             try:
+                if self._owed is not None:
+                    self._pay_owed(deadline)
                 self._send_all([header, *[v for v in views if v.nbytes]], list(fds), deadline, progress)
             except BaseException as exc:
                 if progress[0]:
@@ -773,9 +795,14 @@ class CpuTransport(Transport):
         is_tcp = conn.family == socket.AF_INET
         _tune(conn, is_tcp)
         link = self._track(SocketLink(conn, local=not is_tcp))
+        # the acknowledgement the connecting side waits for (security.await_accepted): sent once the
+        # link is registered, and before anything a service sends on it, so a connection the peer makes
+        # next is registered after this one (handshakes finish on threads of their own, in any order)
+        link.owe(security.ACCEPTED)
         if is_tcp:
             link.start_read_ahead()
         self._on_accept(link, hello)
+        link.settle(security.handshake_deadline())
 
     def _track(self, link: SocketLink) -> SocketLink:
         link.add_close_callback(self._forget)
@@ -811,6 +838,7 @@ class CpuTransport(Transport):
             limit = security.handshake_deadline(deadline)
             security.client_handshake(sock, limit)
             security.send_hello(sock, hello, limit)
+            security.await_accepted(sock, limit)  # taken, and so in order with our next connection
         except BaseException:
             sock.close()
             raise

@@ -135,7 +135,16 @@ class Transport(ABC):
 
     @abstractmethod
     def connect(self, endpoint: dict, hello: bytes, deadline: Optional[float]) -> Link:
-        """Connect to a peer's endpoint and send ``hello``."""
+        """Connect to a peer's endpoint and send ``hello``; return once the peer's ``on_accept`` took it.
+
+        Returning only then is what keeps messages in order when a sender
+        reconnects (after an idle close, or a send that failed midway): the
+        receiver reads its connections from one sender in the order they were
+        taken, so a connection made after this returns must be taken after
+        it.  Listeners that run handshakes on several threads need an
+        acknowledgement for this (``security.await_accepted``, sent once
+        ``on_accept`` returned, before any other byte).
+        """
 
     def probe(self, endpoint: dict) -> bool:
         """Whether the peer behind ``endpoint`` still seems alive (used while waiting for it)."""

@@ -47,6 +47,9 @@ Rules a plugin follows:
   ``HandshakeGate`` (uid check on Unix sockets, mutual HMAC challenge on the
   cluster secret, bounded hello, deadline, bounded handshakes in flight) and
   run ``client_handshake`` + ``send_hello`` on each socket you connect.
+  ``Transport.connect`` returns only once the listener took the connection
+  (``security.ACCEPTED`` / ``await_accepted``): that keeps a sender's
+  reconnections, and so its messages, in order.
   Nothing from an unauthenticated connection is ever unpickled.  Launchers
   forward the driver's ``WorkerSpec.env`` (it carries ``RLINF_CLUSTER_SECRET``)
   only through their own authenticated channel, never a file or command line.
