@@ -9,10 +9,16 @@ registry (no round of messages decides it):
   (``SocketLink.send_fds``, ``SCM_RIGHTS``).  A receiver with ``out=``
   copies out of it (in parallel with the others); one without maps it
   copy-on-write and gets tensors that are views of it (zero copies; its
-  writes stay its own).  The source keeps the segment for the next broadcast
-  (memory already faulted in) when every receiver copied out; a segment a
-  receiver still maps is never written again, and the kernel frees it when
-  the last view is gone.
+  writes stay its own).  Segments are reused, because faulting in fresh
+  memory costs more than the copy itself: the source keeps a segment for
+  the next broadcast once every receiver copied out, and a receiver with
+  ``out=`` keeps its mapping of its feeder's segment (one per feeder), so a
+  training loop's broadcasts touch only warm pages.  A segment a receiver
+  still holds views of is lent, never written: the receiver reports it
+  released (with its next connection to that feeder) once the last view is
+  gone, and only then does it go back to the pool (at most
+  ``_MAX_LENT`` lent at once; past that the oldest is closed on the source
+  and freed by the kernel with its last view).
 * the others form a chain, grouped by host: each connects to its
   predecessor (the source for the first), receives the payload in chunks of
   ``RLINF_BROADCAST_CHUNK_MB`` straight into its destination (its own
@@ -51,12 +57,15 @@ path (one send per receiver).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pickle
+import secrets
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -74,6 +83,9 @@ LOCAL_ENV = "RLINF_CPU_LOCAL"
 _ALIGN = 64
 #: seconds between liveness probes of a peer that has not joined yet
 PROBE_INTERVAL = 1.0
+#: segments a source keeps ready for reuse, and segments it keeps while receivers hold views of them
+_MAX_FREE = 2
+_MAX_LENT = 4
 
 
 def _chunk_bytes() -> int:
@@ -102,7 +114,7 @@ def _layout(sizes: list) -> tuple[list, int]:
 
 # -- per-process state ---------------------------------------------------------------
 class _State:
-    """One communicator's broadcast inbox, call order and reusable segment."""
+    """One communicator's broadcast inbox, call order and segments (as a source and as a receiver)."""
 
     def __init__(self):
         self.cond = threading.Condition()
@@ -110,17 +122,25 @@ class _State:
         self.seq: dict[str, int] = {}  # peer -> seq of our next connection to it
         self.turnstile = Turnstile()
         self.runner = SerialRunner("rlinf-broadcast")
-        self.segment = None  # a free segment kept for the next broadcast (source side)
         self.segment_lock = threading.Lock()
         self.next_seg_id = 1 << 31  # apart from the ids of a link's own pool
+        # source side
+        self.free: list = []  # segments no receiver maps: written over by the next broadcast
+        self.lent: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()  # token -> (seg, holders)
+        # receiver side
+        self.mapped: dict[str, tuple] = {}  # feeder -> ((dev, inode, size), shared mapping) kept for its next broadcast
+        self.released: dict[str, list] = {}  # feeder -> tokens of its segments whose views we dropped
 
     def accept(self, link, info: dict) -> None:
         """A peer connected to be fed by us (called on the handshake thread: never blocks)."""
         try:
             peer, seq = str(info["src"]), int(info["seq"])
+            released = [str(t) for t in info.get("released", ())]
         except (KeyError, TypeError, ValueError):
             link.close()
             return
+        if released:
+            self._returned(peer, released)
         stale = []
         with self.cond:
             entries = self.inbox.setdefault(peer, [])
@@ -171,7 +191,9 @@ class _State:
         with self.cond:
             seq = self.seq.get(name, 0)
             self.seq[name] = seq + 1
-        hello = json.dumps({"service": SERVICE, "src": comm.name, "seq": seq}).encode()
+        with self.segment_lock:
+            released = self.released.pop(name, [])
+        hello = json.dumps({"service": SERVICE, "src": comm.name, "seq": seq, "released": released}).encode()
         transport = comm._transports["cpu"]
         try:
             return transport.connect(comm._lookup(addr).endpoints["cpu"], hello, deadline)
@@ -181,32 +203,94 @@ class _State:
             # its group may have been relaunched under the same name: look again, once
             return transport.connect(comm._lookup(addr, refresh=True).endpoints["cpu"], hello, deadline)
 
+    # -- segments, source side --------------------------------------------------------
     def acquire_segment(self, nbytes: int):
+        """A segment no receiver maps, with room for ``nbytes``: a warm one from the pool if one fits."""
         from .shm import create_segment
 
         with self.segment_lock:
-            seg, self.segment = self.segment, None
-            if seg is not None and nbytes <= seg.capacity <= max(2 * nbytes, nbytes + (8 << 20)):
-                return seg
-            if seg is not None:
-                seg.close()
+            for seg in self.free:
+                if nbytes <= seg.capacity <= max(2 * nbytes, nbytes + (8 << 20)):
+                    self.free.remove(seg)
+                    return seg
             self.next_seg_id += 1
-            return create_segment(self.next_seg_id, nbytes)
+            seg_id = self.next_seg_id
+        seg = create_segment(seg_id, nbytes)
+        seg.token = secrets.token_hex(8)  # names it to receivers, apart from any other process's segments
+        return seg
 
-    def release_segment(self, seg, reusable: bool) -> None:
-        """Keep ``seg`` for the next broadcast, or free it (a receiver that timed out may still read it)."""
-        if not reusable:
-            seg.close()
-            return
+    def release_segment(self, seg, holders: set, reusable: bool) -> None:
+        """After a broadcast: back to the pool, lent to the receivers in ``holders`` (they keep views of
+        it), or closed (a receiver that timed out may still read it)."""
+        closing = []
         with self.segment_lock:
-            old, self.segment = self.segment, seg
-        if old is not None:
+            if not reusable:
+                closing.append(seg)
+            elif holders:
+                self.lent[seg.token] = (seg, set(holders))
+                while len(self.lent) > _MAX_LENT:  # receivers that never come back: the kernel frees it with their views
+                    closing.append(self.lent.popitem(last=False)[1][0])
+            else:
+                self._to_pool(seg, closing)
+        for old in closing:
             old.close()
+
+    def _to_pool(self, seg, closing: list) -> None:  # under segment_lock
+        self.free.insert(0, seg)
+        while len(self.free) > _MAX_FREE:
+            closing.append(self.free.pop())
+
+    def _returned(self, peer: str, tokens: list) -> None:
+        """``peer`` dropped its views of these segments of ours; one nobody holds goes back to the pool."""
+        closing = []
+        with self.segment_lock:
+            for token in tokens:
+                entry = self.lent.get(token)
+                if entry is None:
+                    continue
+                entry[1].discard(peer)
+                if not entry[1]:
+                    del self.lent[token]
+                    self._to_pool(entry[0], closing)
+        for old in closing:
+            old.close()
+
+    # -- segments, receiver side ------------------------------------------------------------
+    def shared_mapping(self, feeder: str, fd: int, size: int):
+        """A read-write mapping of the segment behind ``fd``: the one kept from ``feeder``'s last
+        broadcast if it is the same segment (its pages are mapped already), else a new one, kept."""
+        from .shm import map_shared
+
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino, size)
+        with self.segment_lock:
+            entry = self.mapped.get(feeder)
+            if entry is not None and entry[0] == key:
+                return entry[1]
+        buf = map_shared(fd, size)
+        with self.segment_lock:
+            self.mapped[feeder] = (key, buf)  # the one it replaces is unmapped once nothing views it
+        return buf
+
+    def forget_mapping(self, feeder: str) -> None:
+        with self.segment_lock:
+            self.mapped.pop(feeder, None)
+
+    def lend(self, feeder: str, token: Optional[str], buf) -> None:
+        """Report ``token`` released to ``feeder`` (on our next connection to it) once ``buf`` is gone."""
+        if token is not None:
+            weakref.finalize(buf, self._note_released, feeder, token)
+
+    def _note_released(self, feeder: str, token: str) -> None:
+        with self.segment_lock:
+            self.released.setdefault(feeder, []).append(token)
 
     def close(self) -> None:
         with self.segment_lock:
-            seg, self.segment = self.segment, None
-        if seg is not None:
+            segs = self.free + [seg for seg, _h in self.lent.values()]
+            self.free, self.mapped = [], {}
+            self.lent.clear()
+        for seg in segs:
             seg.close()
         with self.cond:
             links = [link for entries in self.inbox.values() for _s, link in entries]
@@ -479,14 +563,15 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
             for b, off in zip(buffers, offsets):
                 if b.nbytes:
                     parallel_copy(seg.view[DATA_OFFSET + off : DATA_OFFSET + off + b.nbytes], np.frombuffer(b, np.uint8))
-            shm_meta = _dumps({**meta, "segment": DATA_OFFSET + seg.capacity})
+            shm_meta = _dumps({**meta, "segment": DATA_OFFSET + seg.capacity, "token": seg.token,
+                               "readers": len(shm_children)})
             for c in shm_children:
                 c.send_fds([shm_meta], [seg.fd], deadline)
         for c in shm_children:
             errors += c.acknowledgement(deadline)
-        if seg is not None:  # reused only if no receiver maps it any more (or may still read it)
-            state.release_segment(seg, reusable=not any(e["kind"] == "timeout" for e in errors)
-                                  and not any(c.kept for c in shm_children))
+        if seg is not None:  # never rewritten while a receiver may still read it or holds views of it
+            state.release_segment(seg, {c.name for c in shm_children if c.kept},
+                                  reusable=not any(e["kind"] == "timeout" for e in errors))
             seg = None
         for t in threads:
             t.join()  # bounded: every send in _stream has the deadline
@@ -564,8 +649,10 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
                     except (TypeError, ValueError) as exc:
                         result, own_error = None, exc
             else:
-                result, own_error, kept = _receive_payload(link, meta, child, out, me, deadline)
+                result, own_error, kept = _receive_payload(link, meta, child, out, me, deadline, state,
+                                                           feeder.get_name())
         except Exception as exc:  # the feeder failed us: nothing to acknowledge to
+            state.forget_mapping(feeder.get_name())
             err = _failure(comm, feeder.get_name(), feeder, exc, "receiving the broadcast from")
             if child is not None and child.link is not None:
                 child._fail(ConnectionError("the broadcast broke off upstream"), "feeding")
@@ -586,12 +673,13 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
     return result
 
 
-def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, deadline: float):
+def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, deadline: float, state: _State,
+                     feeder: str):
     """Fill the destination from shared memory or from the stream; ``(result, refusal, kept)``.
 
     ``kept``: the result holds views of the source's segment (copy-on-write).
     """
-    from .shm import DATA_OFFSET, map_private, map_shared, parallel_copy
+    from .shm import DATA_OFFSET, map_private, parallel_copy
 
     sizes = meta["sizes"]
     offsets, total = _layout(sizes)
@@ -610,15 +698,18 @@ def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, de
             if refusal is not None:
                 return None, refusal, False
             if targets is None:  # zero copies: views of a copy-on-write mapping
-                whole = np.frombuffer(map_private(fds[0], meta["segment"]), dtype=np.uint8)[DATA_OFFSET:]
+                buf = map_private(fds[0], meta["segment"])
+                state.lend(feeder, meta.get("token"), buf)  # the source rewrites it only once the views are gone
+                whole = np.frombuffer(buf, dtype=np.uint8)[DATA_OFFSET:]
                 buffers = [whole[off : off + n] for off, n in zip(offsets, sizes)]
                 return codec.decode(meta["header"], buffers), None, True
-            whole = np.frombuffer(map_shared(fds[0], meta["segment"]), dtype=np.uint8)[DATA_OFFSET:]
+            whole = np.frombuffer(state.shared_mapping(feeder, fds[0], meta["segment"]), dtype=np.uint8)[DATA_OFFSET:]
+            # several readers on one host share its cores already: each copies on its own thread then
+            copy = parallel_copy if meta.get("readers", 1) == 1 else np.copyto
             for i, (off, n) in enumerate(zip(offsets, sizes)):
                 for dst in targets[i]:
                     if dst is not None:
-                        parallel_copy(dst, whole[off : off + n])
-            del whole  # unmapped here: nothing of ours views it
+                        copy(dst, whole[off : off + n])
             return out, None, False
         finally:
             for fd in fds:

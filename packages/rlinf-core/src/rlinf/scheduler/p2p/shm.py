@@ -119,9 +119,10 @@ def map_private(fd: int, size: int):
 
 
 class Segment:
-    __slots__ = ("seg_id", "capacity", "fd", "mm", "view")
+    __slots__ = ("seg_id", "capacity", "fd", "mm", "view", "token")
 
     def __init__(self, seg_id: int, capacity: int, fd: int, mm):
+        self.token = None  # a name for it that other processes can use (broadcast's segments)
         self.seg_id = seg_id
         self.capacity = capacity  # bytes available for data
         self.fd = fd
