@@ -1,17 +1,23 @@
 """The in-process event buffer of the timeline.
 
 Every process that traces (the driver and each worker) appends events to one
-bounded ``deque``: an append is atomic under the GIL, so recording threads
+bounded ``deque``: an ``extend`` is atomic under the GIL, so recording threads
 take no lock, and when the buffer is full the oldest events give way (their
 number is reported).  Times are ``perf_counter_ns`` (monotonic, cheap);
 ``dump`` turns them into this process's wall clock (``time_ns`` read once at
 ``enable``), and the collector then shifts each process onto the driver's
 clock with the offset it measured.
 
-Event tuples: ``(phase, name, category, start_ns, end_ns, thread_ident, args)``
-with ``phase`` ``"X"`` (a span on its thread), ``"A"`` (an asynchronous span:
-it may overlap others on its thread, shown on a track of its own) or ``"i"``
-(an instant).
+An event is ``FIELDS`` consecutive scalars in the buffer, not a tuple: a
+tuple per event is an object the garbage collector tracks, and tens of
+thousands of them made every collection slower, which cost a small p2p
+round trip more than the recording itself.  The fields are ``(phase, name,
+category, start_ns, end_ns, thread_ident, a0, a1, a2, a3)``: ``a0`` is a
+dict of arguments (or None), or ``a0..a3`` are the peer, bytes, transport
+and error of a p2p event (``ARG_NAMES``).  ``phase`` is ``"X"`` (a span on
+its thread), ``"A"`` (an asynchronous span: it may overlap others on its
+thread, shown on a track of its own) or ``"i"`` (an instant).  ``dump``
+returns ``(phase, name, category, start, end, thread, args)`` tuples.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ DEFAULT_MAX_EVENTS = 500_000
 
 clock = time.perf_counter_ns
 
-_events: collections.deque = collections.deque(maxlen=DEFAULT_MAX_EVENTS)
+FIELDS = 10  # buffer slots per event
+
+_events: collections.deque = collections.deque(maxlen=DEFAULT_MAX_EVENTS * FIELDS)
 _dropped = 0  # events that gave way to newer ones since the buffer was last drained
 _thread_names: dict = {}
 _delta_ns = time.time_ns() - clock()  # wall-clock ns minus perf_counter_ns, read again at enable
@@ -62,7 +70,7 @@ def enable() -> bool:
     with _lock:
         if _on:
             return False
-        size = _max_events()
+        size = _max_events() * FIELDS
         if _events.maxlen != size:
             _events = collections.deque(_events, maxlen=size)
         _delta_ns = time.time_ns() - clock()
@@ -90,14 +98,16 @@ def wall_ns() -> int:
     return clock() + _delta_ns
 
 
-def record(phase: str, name: str, cat: str, start: int, end: int, args: Optional[dict] = None) -> None:
+def record(phase: str, name: str, cat: str, start: int, end: int, a0=None, a1=None, a2=None, a3=None) -> None:
+    """One event; ``a0`` a dict of arguments, or ``a0..a3`` the scalars named by ``ARG_NAMES``."""
     global _dropped
     tid = threading.get_ident()
     if tid not in _thread_names:
         _thread_names[tid] = threading.current_thread().name
-    if len(_events) == _events.maxlen:
+    events = _events
+    if len(events) == events.maxlen:
         _dropped += 1  # approximate under contention: it is a report, not an invariant
-    _events.append((phase, name, cat, start, end, tid, args))
+    events.extend((phase, name, cat, start, end, tid, a0, a1, a2, a3))  # whole events: maxlen is a multiple
 
 
 def _read_boot_id() -> str:
@@ -123,13 +133,12 @@ def boot_id() -> str:
 ARG_NAMES = ("peer", "bytes", "transport", "error")
 
 
-def _args(args):
-    if type(args) is not tuple:
-        return args
-    out = {}
-    for key, value in zip(ARG_NAMES, args):
-        get_name = getattr(value, "get_name", None)  # a WorkerAddress
-        out[key] = get_name() if get_name is not None else value
+def _args(a0, a1, a2, a3):
+    if a1 is None and a2 is None and a3 is None and (a0 is None or type(a0) is dict):
+        return a0
+    out = {"peer": a0, "bytes": a1, "transport": a2}
+    if a3 is not None:
+        out["error"] = a3
     return out
 
 
@@ -147,23 +156,19 @@ def identity() -> dict:
 def dump(drain: bool) -> dict:
     """This process's events on its wall clock, with its identity; ``drain`` empties the buffer."""
     global _dropped
+    global _events
     delta = _delta_ns
     dropped = _dropped
-    if drain:
-        events = []
-        pop = _events.popleft
-        try:
-            while True:
-                events.append(pop())
-        except IndexError:
-            pass
-    else:
-        events = list(_events)
-    if drain:
+    if drain:  # a fresh buffer takes new events; list() of the old one is atomic, so it holds whole events
+        old, _events = _events, collections.deque(maxlen=_events.maxlen)
+        flat = list(old)
         _dropped = 0
+    else:
+        flat = list(_events)
     out = identity()
-    out["events"] = [(ph, name, cat, start + delta, end + delta, tid, _args(args))
-                     for ph, name, cat, start, end, tid, args in events]
+    out["events"] = [(flat[i], flat[i + 1], flat[i + 2], flat[i + 3] + delta, flat[i + 4] + delta, flat[i + 5],
+                      _args(flat[i + 6], flat[i + 7], flat[i + 8], flat[i + 9]))
+                     for i in range(0, len(flat) - FIELDS + 1, FIELDS)]
     out["dropped"] = dropped
     out["threads"] = dict(_thread_names)
     return out

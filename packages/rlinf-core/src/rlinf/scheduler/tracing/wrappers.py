@@ -149,10 +149,9 @@ def _timer(fn):
 # -- point-to-point ------------------------------------------------------------------------
 # The spans are recorded where the bytes move (the communicator's send and receive on a
 # link), in the thread that moves them: the caller's for a blocking operation, the pair's
-# runner thread for ``async_op=True``.  Their args are a tuple, named at dump time
-# (``recorder.ARG_NAMES``), to keep the recording itself cheap; the peer is recorded by its
-# name, so that an event holds only strings and numbers and the garbage collector stops
-# tracking it (a growing buffer of tracked tuples makes every full collection slower).
+# runner thread for ``async_op=True``.  Their args are scalars (peer name, bytes, transport,
+# error), named at dump time (``recorder.ARG_NAMES``): recording them allocates nothing the
+# garbage collector tracks (see recorder.py).
 def _nbytes(frames) -> int:
     total = 0
     for f in frames:
@@ -167,11 +166,11 @@ def _p2p_send(fn):
         try:
             fn(self, peer, transport, frames, deadline, raw)
         except BaseException as exc:
-            record("X", "send_tensor" if raw else "send", "p2p", start, clock(), (peer._name, _nbytes(frames[1:] if raw else frames),
-                                                                                transport, type(exc).__name__))
+            record("X", "send_tensor" if raw else "send", "p2p", start, clock(), peer._name,
+                   _nbytes(frames[1:] if raw else frames), transport, type(exc).__name__)
             raise
-        record("X", "send_tensor" if raw else "send", "p2p", start, clock(),
-               (peer._name, _nbytes(frames[1:]) if raw else _nbytes(frames), transport))
+        record("X", "send_tensor" if raw else "send", "p2p", start, clock(), peer._name,
+               _nbytes(frames[1:]) if raw else _nbytes(frames), transport)
 
     return traced_send_frames
 
@@ -183,10 +182,10 @@ def _p2p_recv(fn):
         try:
             result = fn(self, peer, transport, deadline, read)
         except BaseException as exc:
-            record("X", "recv", "p2p", start, clock(), (peer._name, None, transport, type(exc).__name__))
+            record("X", "recv", "p2p", start, clock(), peer._name, None, transport, type(exc).__name__)
             raise
         if type(result) is tuple:  # (raw, frames) of a recv; recv_tensor's read returns a flag (recorded there)
-            record("X", "recv", "p2p", start, clock(), (peer._name, _nbytes(result[1]), transport))
+            record("X", "recv", "p2p", start, clock(), peer._name, _nbytes(result[1]), transport)
         return result
 
     return traced_receive
@@ -247,8 +246,7 @@ def _p2p_recv_tensor(fn):
                 transport = comm.transport_name(requested) if comm is not None else requested
             except Exception:  # an unknown transport: the call itself said so
                 transport = requested
-            args = (peer, tensor.nbytes, transport)
-            record("X", "recv_tensor", "p2p", start, clock(), args if error is None else args + (error,))
+            record("X", "recv_tensor", "p2p", start, clock(), peer, tensor.nbytes, transport, error)
 
     return traced_recv_tensor
 
