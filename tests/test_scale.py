@@ -180,6 +180,26 @@ def test_order_holds_across_idle_closes(peers):
     assert closes >= n // 7
 
 
+class Bare(Worker):
+    def __init__(self):
+        super().__init__()
+
+    def heavy_modules(self):
+        import sys
+
+        return sorted(m for m in ("numpy", "torch") if m in sys.modules)
+
+
+def test_a_worker_starts_without_numpy_or_torch(cluster):
+    """Each costs a worker process 0.1-1 s of CPU at start (hundreds of them start at once on a
+    node): they load only once the worker sends an array or a tensor, or broadcasts."""
+    group = Bare.create_group().launch(cluster, name=f"bare_{os.getpid()}")
+    try:
+        assert group.heavy_modules().wait(timeout=60) == [[]]
+    finally:
+        group.stop()
+
+
 # -- the pool behind asynchronous operations (no cluster needed) ------------------------------
 
 

@@ -12,6 +12,7 @@ created them, exactly as in a hand-written Ray async actor.
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable
 
 import ray
@@ -65,7 +66,15 @@ ASYNC_MAX_CONCURRENCY = 1000
 
 
 def actor_class(worker_cls_name: str, methods: Iterable[str], is_async: bool = False):
-    """A Ray actor class exposing ``methods`` of the hosted worker as its own (async ones for an async worker)."""
+    """A Ray actor class exposing ``methods`` of the hosted worker as its own (async ones for an async worker).
+
+    One per shape: groups of the same class (and a relaunched group) reuse it,
+    so Ray exports its definition once, not at every launch."""
+    return _actor_class(worker_cls_name, tuple(sorted(set(methods))), is_async)
+
+
+@functools.lru_cache(maxsize=256)
+def _actor_class(worker_cls_name: str, methods: tuple, is_async: bool):
     make = _async_forwarder if is_async else _forwarder
     attrs = {name: make(name) for name in methods if not name.startswith("_") and not hasattr(RayWorkerActor, name)}
     if is_async:

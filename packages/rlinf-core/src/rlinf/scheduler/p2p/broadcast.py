@@ -69,8 +69,6 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
-
 from ..errors import CommTimeoutError, CommunicationError, PeerDiedError
 from . import codec, device_routing
 from .async_work import AsyncWork
@@ -367,6 +365,7 @@ def _dumps(meta: dict) -> bytes:
 
 def _targets_for_out(out, meta: dict, me: str) -> list:
     """For each buffer, the byte views of the ``out`` tensors it fills; raises before anything is written."""
+    import numpy as np  # imported here: a process that never broadcasts does not load it
     torch = sys.modules.get("torch")
     entries = meta.get("entries")
     if entries is None:
@@ -405,6 +404,7 @@ def _targets_for_out(out, meta: dict, me: str) -> list:
 
 def copy_into(obj: Any, out: Any, me: str) -> Any:
     """Copy a received object into ``out`` (the paths that did not receive into it directly)."""
+    import numpy as np  # imported here: a process that never broadcasts does not load it
     meta = encode(obj).meta if _tensor_items(obj) is not None else {"entries": None, "what": _describe(obj),
                                                                        "sizes": []}
     targets = _targets_for_out(out, meta, me)
@@ -530,6 +530,7 @@ def _plan(comm, members: list, src) -> tuple[dict, dict]:
 # -- the source ------------------------------------------------------------------------------
 def _serve(comm, state: _State, obj, members, src, parent, deadline: float, timeout: float, fallback: bool,
            payload: Optional[_Payload] = None):
+    import numpy as np  # imported here: a process that never broadcasts does not load it
     children = [_Child(comm, r) for r in members if r != src and parent[r.get_name()] == src]
     for c in children:
         c.join(state, deadline)
@@ -679,6 +680,7 @@ def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, de
 
     ``kept``: the result holds views of the source's segment (copy-on-write).
     """
+    import numpy as np  # imported here: a process that never broadcasts does not load it
     from .shm import DATA_OFFSET, map_private, parallel_copy
 
     sizes = meta["sizes"]
