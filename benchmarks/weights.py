@@ -11,6 +11,10 @@
   every receiver (zero-copy reads on one node: the receivers touch nothing).
 * torch gloo: ``dist.broadcast`` of every tensor (asynchronously, then waited for) in a
   gloo process group of N+1 processes, into the receivers' existing tensors.
+* copy floor (raw, not a target): N plain processes each copy the payload from one warm
+  shared mapping into their own warm buffer, all at once: what N in-place receptions
+  cost this machine's cores and memory at the least, with no protocol at all.  Receiving
+  in place cannot beat it, and with fewer cores than receivers it grows with N.
 
 Times run from the trainer's call until every receiver has the weights (rlinf's
 source returns once all have acknowledged; gloo and Ray end with a barrier / the
@@ -127,6 +131,50 @@ class RaySource:
         return statistics.median(times[1:])
 
 
+def _copy_child(fd: int, size: int, start, done) -> None:
+    import mmap
+
+    import numpy as np
+
+    src = np.frombuffer(mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ), dtype=np.uint8)
+    dst = np.empty(size, dtype=np.uint8)
+    np.copyto(dst, src)  # warm: both mappings faulted in, as a receiver's kept mapping and state dict are
+    for _ in range(2):
+        start.wait(120)
+        np.copyto(dst, src)
+        done.wait(120)
+
+
+def copy_floor(size_mb: int, n: int) -> float:
+    """Seconds for ``n`` processes to copy ``size_mb`` MiB each out of one shared segment at once (median of 2)."""
+    import multiprocessing as mp
+
+    import numpy as np
+
+    size = size_mb * MiB
+    fd = os.memfd_create("bench-copy-floor")
+    try:
+        os.ftruncate(fd, size)
+        with open(f"/proc/self/fd/{fd}", "r+b", buffering=0) as f:
+            f.write(np.ones(size, dtype=np.uint8).tobytes())
+        ctx = mp.get_context("fork")
+        start, done = ctx.Barrier(n + 1), ctx.Barrier(n + 1)
+        procs = [ctx.Process(target=_copy_child, args=(fd, size, start, done), daemon=True) for _ in range(n)]
+        for p in procs:
+            p.start()
+        times = []
+        for _ in range(2):
+            start.wait(120)
+            t0 = time.perf_counter()
+            done.wait(120)
+            times.append(time.perf_counter() - t0)
+        for p in procs:
+            p.join(60)
+        return statistics.median(times)
+    finally:
+        os.close(fd)
+
+
 def save_line_plot(name: str, title: str, ns: list, series: dict, ylabel: str) -> str:
     import matplotlib
 
@@ -167,25 +215,29 @@ def main(argv=None):
     receivers = [ray.remote(num_cpus=0.01)(RayReceiver).remote() for _ in range(top)]
 
     results = {k: {} for k in ("rlinf shm", "rlinf TCP", "Ray object store", "torch gloo", "rlinf shm views")}
+    floor = {}
     for n in ns:
         results["rlinf shm"][n] = group.rlinf_sync(n, args.rounds, False).wait()[0]
         results["rlinf shm views"][n] = group.rlinf_sync(n, args.rounds, False, True).wait()[0]
         results["rlinf TCP"][n] = group.rlinf_sync(n, args.rounds, True).wait()[0]
         results["Ray object store"][n] = ray.get(source.sync.remote(receivers[:n], args.rounds))
         results["torch gloo"][n] = group.gloo_sync(n, args.rounds).wait()[0]
+        floor[n] = copy_floor(args.size_mb, n)
         print(f"N={n}: " + ", ".join(f"{k} {v[n]:.3f} s" for k, v in results.items()), flush=True)
 
     shm, tcp, ray_t, gloo, views = (results[k] for k in results)
-    rows = [[n, shm[n], tcp[n], views[n], ray_t[n], gloo[n], ray_t[n] / shm[n], gloo[n] / shm[n], gloo[n] / tcp[n],
-             ray_t[n] / views[n]] for n in ns]
+    rows = [[n, shm[n], tcp[n], views[n], ray_t[n], gloo[n], floor[n], ray_t[n] / shm[n], gloo[n] / shm[n],
+             gloo[n] / tcp[n], ray_t[n] / views[n], shm[n] / floor[n]] for n in ns]
     print_table(f"Weight sync: {args.size_mb} MiB in {args.tensors} tensors, one source to N receivers on this host "
                 f"(seconds, median of {args.rounds})",
-                ["N", "rlinf shm", "rlinf TCP", "shm views", "Ray store", "gloo", "Ray/shm", "gloo/shm", "gloo/TCP",
-                 "Ray/views"], rows)
-    print(f"(not a target) rlinf shm views: time at N={max(ns)} / time at N={min(ns)}: "
-          f"{views[max(ns)] / views[min(ns)]:.2f}")
+                ["N", "rlinf shm", "rlinf TCP", "shm views", "Ray store", "gloo", "copy floor", "Ray/shm", "gloo/shm",
+                 "gloo/TCP", "Ray/views", "shm/floor"], rows)
+    print(f"(not targets) rlinf shm views: time at N={max(ns)} / time at N={min(ns)}: "
+          f"{views[max(ns)] / views[min(ns)]:.2f}; copy floor at N={max(ns)} / N={min(ns)}: "
+          f"{floor[max(ns)] / floor[min(ns)]:.2f} on {os.cpu_count()} CPUs")
     save_line_plot("weights", f"Broadcast of {args.size_mb} MiB in {args.tensors} tensors",
-                   ns, {k: [v[n] for n in ns] for k, v in results.items()}, "seconds (lower is better)")
+                   ns, {**{k: [v[n] for n in ns] for k, v in results.items()},
+                        "copy floor (raw processes)": [floor[n] for n in ns]}, "seconds (lower is better)")
     lo = min(ns)
     targets = [
         Target(f"N={top}: Ray object store time / rlinf shm time", ray_t[top] / shm[top], ">=", 1.0),
