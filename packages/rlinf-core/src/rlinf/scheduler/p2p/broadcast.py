@@ -16,9 +16,11 @@ registry (no round of messages decides it):
   training loop's broadcasts touch only warm pages.  A segment a receiver
   still holds views of is lent, never written: the receiver reports it
   released (with its next connection to that feeder) once the last view is
-  gone, and only then does it go back to the pool (at most
-  ``_MAX_LENT`` lent at once; past that the oldest is closed on the source
-  and freed by the kernel with its last view).
+  gone, and only then does it go back to the pool.  A source holds at most
+  one free segment and three lent ones (a receiver swapping weights holds
+  the last round's views while the next arrives: two are lent then); past
+  that the oldest lent one is closed on the source, and the kernel frees it
+  with its last view.
 * the others form a chain, grouped by host: each connects to its
   predecessor (the source for the first), receives the payload in chunks of
   ``RLINF_BROADCAST_CHUNK_MB`` straight into its destination (its own
@@ -82,8 +84,9 @@ _ALIGN = 64
 #: seconds between liveness probes of a peer that has not joined yet
 PROBE_INTERVAL = 1.0
 #: segments a source keeps ready for reuse, and segments it keeps while receivers hold views of them
-_MAX_FREE = 2
-_MAX_LENT = 4
+#: (receivers that swap weights hold the last round's views while the next arrives: two are lent then)
+_MAX_FREE = 1
+_MAX_LENT = 3
 
 
 def _chunk_bytes() -> int:
@@ -211,8 +214,11 @@ class _State:
                 if nbytes <= seg.capacity <= max(2 * nbytes, nbytes + (8 << 20)):
                     self.free.remove(seg)
                     return seg
+            unfit, self.free = self.free, []  # the payload changed size: no stale segment stays held
             self.next_seg_id += 1
             seg_id = self.next_seg_id
+        for old in unfit:
+            old.close()
         seg = create_segment(seg_id, nbytes)
         seg.token = secrets.token_hex(8)  # names it to receivers, apart from any other process's segments
         return seg
