@@ -15,6 +15,9 @@
   shared mapping into their own warm buffer, all at once: what N in-place receptions
   cost this machine's cores and memory at the least, with no protocol at all.  Receiving
   in place cannot beat it, and with fewer cores than receivers it grows with N.
+* TCP floor (raw, not a target): N plain sender processes each stream the payload over
+  loopback TCP to one of N plain receiver processes, all at once: the socket work any
+  broadcast forced over TCP must do on one host (a send and a receive copy per receiver).
 
 Times run from the trainer's call until every receiver has the weights (rlinf's
 source returns once all have acknowledged; gloo and Ray end with a barrier / the
@@ -175,6 +178,66 @@ def copy_floor(size_mb: int, n: int) -> float:
         os.close(fd)
 
 
+def _tcp_receiver(listener, size: int, start, done) -> None:
+    import numpy as np
+
+    conn, _ = listener.accept()
+    arr = np.empty(size, dtype=np.uint8)
+    arr.fill(0)  # warm, as a receiver's existing state dict is
+    buf = memoryview(arr)
+    for _ in range(2):
+        start.wait(120)
+        pos = 0
+        while pos < size:
+            got = conn.recv_into(buf[pos:], size - pos)
+            if not got:
+                raise ConnectionError("sender closed early")
+            pos += got
+        done.wait(120)
+
+
+def _tcp_sender(port: int, size: int, start, done) -> None:
+    import socket
+
+    import numpy as np
+
+    payload = memoryview(np.ones(size, dtype=np.uint8))
+    sock = socket.create_connection(("127.0.0.1", port))
+    for _ in range(2):
+        start.wait(120)
+        sock.sendall(payload)
+        done.wait(120)
+    sock.close()
+
+
+def tcp_floor(size_mb: int, n: int) -> float:
+    """Seconds for ``n`` sender processes to stream ``size_mb`` MiB each to ``n`` receivers over loopback TCP at once
+    (the second of two rounds: the receivers' buffers are warm then)."""
+    import multiprocessing as mp
+    import socket
+
+    size = size_mb * MiB
+    ctx = mp.get_context("fork")
+    start, done = ctx.Barrier(2 * n + 1), ctx.Barrier(2 * n + 1)
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
+    procs = [ctx.Process(target=_tcp_receiver, args=(lst, size, start, done), daemon=True) for lst in listeners]
+    procs += [ctx.Process(target=_tcp_sender, args=(lst.getsockname()[1], size, start, done), daemon=True)
+              for lst in listeners]
+    for p in procs:
+        p.start()
+    times = []
+    for _ in range(2):
+        start.wait(120)
+        t0 = time.perf_counter()
+        done.wait(120)
+        times.append(time.perf_counter() - t0)
+    for p in procs:
+        p.join(60)
+    for lst in listeners:
+        lst.close()
+    return times[-1]
+
+
 def save_line_plot(name: str, title: str, ns: list, series: dict, ylabel: str) -> str:
     import matplotlib
 
@@ -215,7 +278,7 @@ def main(argv=None):
     receivers = [ray.remote(num_cpus=0.01)(RayReceiver).remote() for _ in range(top)]
 
     results = {k: {} for k in ("rlinf shm", "rlinf TCP", "Ray object store", "torch gloo", "rlinf shm views")}
-    floor = {}
+    floor, tcp_fl = {}, {}
     for n in ns:
         results["rlinf shm"][n] = group.rlinf_sync(n, args.rounds, False).wait()[0]
         results["rlinf shm views"][n] = group.rlinf_sync(n, args.rounds, False, True).wait()[0]
@@ -223,21 +286,24 @@ def main(argv=None):
         results["Ray object store"][n] = ray.get(source.sync.remote(receivers[:n], args.rounds))
         results["torch gloo"][n] = group.gloo_sync(n, args.rounds).wait()[0]
         floor[n] = copy_floor(args.size_mb, n)
+        tcp_fl[n] = tcp_floor(args.size_mb, n)
         print(f"N={n}: " + ", ".join(f"{k} {v[n]:.3f} s" for k, v in results.items()), flush=True)
 
     shm, tcp, ray_t, gloo, views = (results[k] for k in results)
-    rows = [[n, shm[n], tcp[n], views[n], ray_t[n], gloo[n], floor[n], ray_t[n] / shm[n], gloo[n] / shm[n],
-             gloo[n] / tcp[n], ray_t[n] / views[n], shm[n] / floor[n]] for n in ns]
+    rows = [[n, shm[n], tcp[n], views[n], ray_t[n], gloo[n], floor[n], tcp_fl[n], ray_t[n] / shm[n], gloo[n] / shm[n],
+             gloo[n] / tcp[n], ray_t[n] / views[n], shm[n] / floor[n], tcp[n] / tcp_fl[n], gloo[n] / tcp_fl[n]]
+            for n in ns]
     print_table(f"Weight sync: {args.size_mb} MiB in {args.tensors} tensors, one source to N receivers on this host "
                 f"(seconds, median of {args.rounds})",
-                ["N", "rlinf shm", "rlinf TCP", "shm views", "Ray store", "gloo", "copy floor", "Ray/shm", "gloo/shm",
-                 "gloo/TCP", "Ray/views", "shm/floor"], rows)
+                ["N", "rlinf shm", "rlinf TCP", "shm views", "Ray store", "gloo", "copy floor", "TCP floor", "Ray/shm",
+                 "gloo/shm", "gloo/TCP", "Ray/views", "shm/floor", "TCP/floor", "gloo/floor"], rows)
     print(f"(not targets) rlinf shm views: time at N={max(ns)} / time at N={min(ns)}: "
           f"{views[max(ns)] / views[min(ns)]:.2f}; copy floor at N={max(ns)} / N={min(ns)}: "
           f"{floor[max(ns)] / floor[min(ns)]:.2f} on {os.cpu_count()} CPUs")
     save_line_plot("weights", f"Broadcast of {args.size_mb} MiB in {args.tensors} tensors",
                    ns, {**{k: [v[n] for n in ns] for k, v in results.items()},
-                        "copy floor (raw processes)": [floor[n] for n in ns]}, "seconds (lower is better)")
+                        "copy floor (raw processes)": [floor[n] for n in ns],
+                        "TCP floor (raw processes)": [tcp_fl[n] for n in ns]}, "seconds (lower is better)")
     lo = min(ns)
     targets = [
         Target(f"N={top}: Ray object store time / rlinf shm time", ray_t[top] / shm[top], ">=", 1.0),
