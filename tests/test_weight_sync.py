@@ -97,6 +97,16 @@ def test_in_place_dict_and_list_to_three_receivers(five, path):
         assert rounds[1][r][-1] == rounds[0][r][-1], (r, rounds)
         assert rounds[1][r][-1]["memfd_maps"] <= before[r]["memfd_maps"] + 1, (r, before, rounds)
     assert rounds[1][0] == rounds[0][0], rounds
+    # a source gone quiet: its kept segment is unmapped (housekeeping does this after RLINF_IDLE_LINK_TIMEOUT)
+    dropped = [r.wait(timeout=60)[0] for r in _on(five, range(1, 4), _drop_kept)]
+    for r, (n, counts) in zip(range(1, 4), dropped):
+        assert n == (1 if path == "shm" else 0) and counts["memfd_maps"] <= before[r]["memfd_maps"], (r, dropped)
+
+
+def _drop_kept(w):
+    from rlinf.scheduler.p2p.communicator import local_communicator
+
+    return local_communicator().broadcast_state.drop_idle_mappings(0.0), _counts()
 
 
 def _mismatch(w, path):

@@ -129,7 +129,7 @@ class _State:
         self.free: list = []  # segments no receiver maps: written over by the next broadcast
         self.lent: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()  # token -> (seg, holders)
         # receiver side
-        self.mapped: dict[str, tuple] = {}  # feeder -> ((dev, inode, size), shared mapping) kept for its next broadcast
+        self.mapped: dict[str, list] = {}  # feeder -> [(dev, inode, size), shared mapping, last used] for its next one
         self.released: dict[str, list] = {}  # feeder -> tokens of its segments whose views we dropped
 
     def accept(self, link, info: dict) -> None:
@@ -270,15 +270,26 @@ class _State:
         with self.segment_lock:
             entry = self.mapped.get(feeder)
             if entry is not None and entry[0] == key:
+                entry[2] = time.monotonic()
                 return entry[1]
         buf = map_shared(fd, size)
         with self.segment_lock:
-            self.mapped[feeder] = (key, buf)  # the one it replaces is unmapped once nothing views it
+            self.mapped[feeder] = [key, buf, time.monotonic()]  # the one it replaces is unmapped once nothing views it
         return buf
 
     def forget_mapping(self, feeder: str) -> None:
         with self.segment_lock:
             self.mapped.pop(feeder, None)
+
+    def drop_idle_mappings(self, idle: float) -> int:
+        """Unmap kept segments no broadcast used for ``idle`` seconds (a source that stopped broadcasting,
+        or whose group ended, would otherwise keep its segment's memory alive through us)."""
+        now = time.monotonic()
+        with self.segment_lock:
+            stale = [f for f, entry in self.mapped.items() if now - entry[2] >= idle]
+            for feeder in stale:
+                del self.mapped[feeder]
+        return len(stale)
 
     def lend(self, feeder: str, token: Optional[str], buf) -> None:
         """Report ``token`` released to ``feeder`` (on our next connection to it) once ``buf`` is gone."""
@@ -658,6 +669,8 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
             else:
                 result, own_error, kept = _receive_payload(link, meta, child, out, me, deadline, state,
                                                            feeder.get_name())
+                if state.mapped:
+                    comm._start_housekeeping()  # drops the kept mapping once this feeder goes quiet
         except Exception as exc:  # the feeder failed us: nothing to acknowledge to
             state.forget_mapping(feeder.get_name())
             err = _failure(comm, feeder.get_name(), feeder, exc, "receiving the broadcast from")

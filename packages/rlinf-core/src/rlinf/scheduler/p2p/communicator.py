@@ -245,12 +245,16 @@ class Communicator:
                 self._housekeeper.start()
 
     def _housekeep(self) -> None:
-        """Close idle outgoing links and ended incoming ones, a few times per idle timeout."""
+        """Close idle outgoing links and ended incoming ones, and unmap broadcast segments kept from
+        sources gone quiet, a few times per idle timeout."""
         interval = min(5.0, max(0.05, self._idle_timeout / 4))
         while not self._closed.wait(interval):  # bounded: wakes every interval; close() ends it at once
             try:
                 self.close_idle_links()
                 self._sweep()
+                state = getattr(self, "broadcast_state", None)
+                if state is not None:
+                    state.drop_idle_mappings(self._idle_timeout)
             except Exception:  # never let housekeeping end: the next round tries again
                 log.debug("%s: housekeeping failed", self.name, exc_info=True)
 
