@@ -106,7 +106,7 @@ def test_in_place_dict_and_list_to_three_receivers(five, path):
 def _drop_kept(w):
     from rlinf.scheduler.p2p.communicator import local_communicator
 
-    return local_communicator().broadcast_state.drop_idle_mappings(0.0), _counts()
+    return local_communicator().broadcast_state.drop_idle(0.0), _counts()
 
 
 def _mismatch(w, path):
@@ -275,3 +275,79 @@ def _death_named(w, path, members, victim, group):
     except CommunicationError:
         pass  # downstream of the victim in a chain: its feeder went away
     return w.broadcast(groups=rest, timeout=60)["after"].tolist()
+
+
+# -- the segment pool's bookkeeping, in one process (no cluster) ---------------------------------
+
+
+def _lent_state():
+    from rlinf.scheduler.p2p.broadcast import _State
+
+    state = _State()
+    seg = state.acquire_segment(1 << 20)
+    return state, seg
+
+
+def test_a_stale_release_report_never_frees_a_segment_lent_again():
+    """Each lending has its own token: a report about an earlier lending of the same segment (a
+    receiver dropping an old result late) cannot send a segment back to the pool while the receiver
+    still holds views of its current lending."""
+    state, seg = _lent_state()
+    try:
+        first = seg.token
+        state.release_segment(seg, {"g:1"}, reusable=True)
+        state._returned("g:1", [first])
+        assert state.free == [seg] and not state.lent
+        again = state.acquire_segment(1 << 20)
+        assert again is seg and again.token != first  # reused (warm), under a new name
+        state.release_segment(again, {"g:1"}, reusable=True)
+        state._returned("g:1", [first])  # stale
+        assert list(state.lent) == [again.token] and not state.free
+        state._returned("g:1", [again.token])
+        assert state.free == [seg] and not state.lent
+    finally:
+        state.close()
+
+
+def test_a_release_reported_before_the_lending_is_recorded_still_counts():
+    """A fast receiver may drop its views and connect again while the source still waits for a slower
+    one's acknowledgement: its report arrives before the lending is recorded."""
+    state, seg = _lent_state()
+    try:
+        state._returned("g:1", [seg.token])
+        state.release_segment(seg, {"g:1", "g:2"}, reusable=True)
+        assert state.lent[seg.token][1] == {"g:2"}
+        state._returned("g:2", [seg.token])
+        assert state.free == [seg]
+    finally:
+        state.close()
+
+
+def test_views_dropped_while_the_pool_lock_is_held_do_not_deadlock():
+    """The release report is made by a garbage-collector finalizer, which runs on whichever thread
+    drops the last view: here one holding the pool's lock, as housekeeping does."""
+    import gc
+    import threading
+
+    import numpy as np
+
+    from rlinf.scheduler.p2p.shm import map_private
+
+    state, seg = _lent_state()
+    try:
+        views = [np.frombuffer(map_private(seg.fd, 4096), dtype=np.uint8)]
+        state.lend("g:0", seg.token, views[0].base)
+        views.append(views)  # a cycle: freed by a collection, not by reference counting
+
+        def drop():
+            with state.segment_lock:
+                views.clear()
+                gc.collect()
+
+        t = threading.Thread(target=drop, daemon=True)
+        t.start()
+        t.join(10)
+        assert not t.is_alive(), "the finalizer waited for the lock its own thread holds"
+        assert list(state.reports) == [("g:0", seg.token)]
+    finally:
+        state.close()

@@ -49,6 +49,7 @@ class TcpLink(Link):
         sock.settimeout(None)
         self._sock = sock
         self._send_lock = threading.Lock()
+        self._owed = b""  # what the peer must read before anything we send (the listener's acknowledgement)
         self._inbox: collections.deque = collections.deque()
         self._error: Optional[BaseException] = None
         self._cond = threading.Condition()
@@ -76,12 +77,29 @@ class TcpLink(Link):
             if left is not None and left <= 0:
                 raise TimeoutError("deadline passed before sending")
             try:
+                self._pay_owed()
                 self._sock.sendall(head)
                 for v in views:
                     if v.nbytes:
                         self._sock.sendall(v)
             except OSError as exc:
                 raise ConnectionError(f"sending failed: {exc}") from exc
+
+    def owe(self, data: bytes) -> None:
+        self._owed = data
+
+    def settle(self) -> None:
+        """Send what is owed, unless a send already did."""
+        with self._send_lock:
+            try:
+                self._pay_owed()
+            except OSError:
+                pass  # the peer left: its connect fails
+
+    def _pay_owed(self) -> None:  # under _send_lock
+        if self._owed:
+            self._sock.sendall(self._owed)  # one byte into an empty socket buffer: never blocks
+            self._owed = b""
 
     def recv(self, deadline):
         with self._cond:
@@ -130,12 +148,11 @@ class PlainTcpTransport(Transport):
     def listen(self, on_accept, local_ip):
         def authenticated(conn, hello):  # only connections that proved they hold the cluster secret
             link = self._keep(TcpLink(conn))
-            with link._send_lock:  # the acknowledgement goes out before anything else sent on the link
-                on_accept(link, hello)
-                try:  # tells the peer its connection is taken (connect waits for it): keeps reconnections in order
-                    conn.sendall(security.ACCEPTED)  # one byte into an empty socket buffer: never blocks
-                except OSError:
-                    pass  # the peer left: its connect fails
+            # the acknowledgement the connecting side waits for (security.await_accepted): sent once on_accept
+            # has taken the link, and before anything else sent on it; it keeps a sender's reconnections in order
+            link.owe(security.ACCEPTED)
+            on_accept(link, hello)
+            link.settle()
 
         self._gate = gate = security.HandshakeGate(authenticated, name="plaintcp")
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -54,7 +54,7 @@ MAX_HELLO = 64 << 10
 MAX_PENDING_HANDSHAKES = 64
 MIN_SECRET_CHARS = 16
 
-_MAGIC = b"RLINFA1\n"  # names the protocol and its version, so a stray client fails clearly
+_MAGIC = b"RLINFA2\n"  # names the protocol and its version, so a stray client fails clearly (2: ACCEPTED)
 _NONCE = 32
 _DIGEST = hashlib.sha256().digest_size
 _HELLO_LEN = struct.Struct("<I")

@@ -181,6 +181,7 @@ class CupyNcclTransport(Transport):
         self._device()
 
         def accepted(cpu_link, data):
+            rendezvous.taken(cpu_link)
             try:
                 offer, hello = rendezvous.unpack_offer(data)
                 deadline = time.monotonic() + rendezvous.DEFAULT_SETUP

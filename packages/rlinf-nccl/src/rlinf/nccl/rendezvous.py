@@ -77,6 +77,16 @@ def unpack_offer(data: bytes) -> tuple[dict, bytes]:
     return offer, bytes(data[start + n :])
 
 
+def taken(link) -> None:
+    """Acknowledge the connection now (the dialer waits for that within the handshake timeout), not once
+    ``local_info`` and the answer are ready: those may import torch or start CUDA first."""
+    settle = getattr(link, "settle", None)
+    if settle is not None:
+        from rlinf.scheduler import security
+
+        settle(security.handshake_deadline())
+
+
 def answer(link, deadline: Optional[float], error: Optional[str] = None, **info) -> None:
     """The acceptor's reply on the CPU link: go ahead (with ``info``) or the reason it refuses."""
     link.send([json.dumps({"ok": error is None, "error": error, **info}).encode()], deadline)

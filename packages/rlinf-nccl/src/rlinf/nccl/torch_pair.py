@@ -303,6 +303,7 @@ class TorchPairTransport(Transport):
         self._local_ip = local_ip
 
         def accepted(cpu_link: Link, data: bytes) -> None:
+            rendezvous.taken(cpu_link)
             try:
                 offer, hello = rendezvous.unpack_offer(data)
             except ValueError as exc:

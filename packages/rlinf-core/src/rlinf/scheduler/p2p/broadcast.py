@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..errors import CommTimeoutError, CommunicationError, PeerDiedError
+from ..security import HandshakeError
 from . import codec, device_routing
 from .async_work import AsyncWork
 from .ordering import SerialRunner, Turnstile
@@ -87,6 +88,8 @@ PROBE_INTERVAL = 1.0
 #: (receivers that swap weights hold the last round's views while the next arrives: two are lent then)
 _MAX_FREE = 1
 _MAX_LENT = 3
+#: release reports a receiver keeps per source until its next connection there (the source lends at most 3)
+_MAX_REPORTS = 16
 
 
 def _chunk_bytes() -> int:
@@ -125,12 +128,18 @@ class _State:
         self.runner = SerialRunner("rlinf-broadcast")
         self.segment_lock = threading.Lock()
         self.next_seg_id = 1 << 31  # apart from the ids of a link's own pool
+        self.closed = False
         # source side
         self.free: list = []  # segments no receiver maps: written over by the next broadcast
         self.lent: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()  # token -> (seg, holders)
+        self.early: "collections.OrderedDict[str, set]" = collections.OrderedDict()  # released before we recorded the lending
+        self.last_served = time.monotonic()
         # receiver side
-        self.mapped: dict[str, list] = {}  # feeder -> [(dev, inode, size), shared mapping, last used] for its next one
-        self.released: dict[str, list] = {}  # feeder -> tokens of its segments whose views we dropped
+        self.mapped: dict[str, list] = {}  # feeder -> [(uid, dev, inode, size), shared mapping, last used]
+        self.released: dict[str, list] = {}  # feeder -> lending tokens of its segments whose views we dropped
+        # filled by garbage-collector finalizers, which may run on a thread holding segment_lock: so no lock,
+        # only an append (atomic); drained by connect
+        self.reports: collections.deque = collections.deque(maxlen=4096)
 
     def accept(self, link, info: dict) -> None:
         """A peer connected to be fed by us (called on the handshake thread: never blocks)."""
@@ -193,13 +202,18 @@ class _State:
             seq = self.seq.get(name, 0)
             self.seq[name] = seq + 1
         with self.segment_lock:
-            released = self.released.pop(name, [])
+            while self.reports:
+                feeder, token = self.reports.popleft()
+                self.released.setdefault(feeder, []).append(token)
+            released = self.released.pop(name, [])[-_MAX_REPORTS:]  # older ones were lent past the source's bound
         hello = json.dumps({"service": SERVICE, "src": comm.name, "seq": seq, "released": released}).encode()
         transport = comm._transports["cpu"]
         try:
             return transport.connect(comm._lookup(addr).endpoints["cpu"], hello, deadline)
         except (ConnectionError, OSError) as exc:
-            if isinstance(exc, TimeoutError):
+            if isinstance(exc, (TimeoutError, HandshakeError)):
+                # the feeder may have taken that connection already: another one under the same seq would pair
+                # with its next broadcast, so fail this one instead
                 raise
             # its group may have been relaunched under the same name: look again, once
             return transport.connect(comm._lookup(addr, refresh=True).endpoints["cpu"], hello, deadline)
@@ -210,9 +224,11 @@ class _State:
         from .shm import create_segment
 
         with self.segment_lock:
+            self.last_served = time.monotonic()
             for seg in self.free:
                 if nbytes <= seg.capacity <= max(2 * nbytes, nbytes + (8 << 20)):
                     self.free.remove(seg)
+                    seg.token = secrets.token_hex(8)  # a fresh name per lending: a stale release cannot match it
                     return seg
             unfit, self.free = self.free, []  # the payload changed size: no stale segment stays held
             self.next_seg_id += 1
@@ -220,7 +236,8 @@ class _State:
         for old in unfit:
             old.close()
         seg = create_segment(seg_id, nbytes)
-        seg.token = secrets.token_hex(8)  # names it to receivers, apart from any other process's segments
+        seg.uid = secrets.token_hex(8)  # names the segment itself to receivers, apart from any other one
+        seg.token = secrets.token_hex(8)
         return seg
 
     def release_segment(self, seg, holders: set, reusable: bool) -> None:
@@ -228,10 +245,11 @@ class _State:
         it), or closed (a receiver that timed out may still read it)."""
         closing = []
         with self.segment_lock:
-            if not reusable:
+            holders = set(holders) - self.early.pop(seg.token, set())  # some may have let go already
+            if not reusable or self.closed:
                 closing.append(seg)
             elif holders:
-                self.lent[seg.token] = (seg, set(holders))
+                self.lent[seg.token] = (seg, holders)
                 while len(self.lent) > _MAX_LENT:  # receivers that never come back: the kernel frees it with their views
                     closing.append(self.lent.popitem(last=False)[1][0])
             else:
@@ -250,7 +268,10 @@ class _State:
         with self.segment_lock:
             for token in tokens:
                 entry = self.lent.get(token)
-                if entry is None:
+                if entry is None:  # perhaps before the broadcast that lent it recorded the lending
+                    self.early.setdefault(token, set()).add(peer)
+                    while len(self.early) > 4 * _MAX_REPORTS:
+                        self.early.popitem(last=False)
                     continue
                 entry[1].discard(peer)
                 if not entry[1]:
@@ -260,13 +281,13 @@ class _State:
             old.close()
 
     # -- segments, receiver side ------------------------------------------------------------
-    def shared_mapping(self, feeder: str, fd: int, size: int):
+    def shared_mapping(self, feeder: str, uid: Optional[str], fd: int, size: int):
         """A read-write mapping of the segment behind ``fd``: the one kept from ``feeder``'s last
         broadcast if it is the same segment (its pages are mapped already), else a new one, kept."""
         from .shm import map_shared
 
         st = os.fstat(fd)
-        key = (st.st_dev, st.st_ino, size)
+        key = (uid, st.st_dev, st.st_ino, size)
         with self.segment_lock:
             entry = self.mapped.get(feeder)
             if entry is not None and entry[0] == key:
@@ -281,27 +302,35 @@ class _State:
         with self.segment_lock:
             self.mapped.pop(feeder, None)
 
-    def drop_idle_mappings(self, idle: float) -> int:
-        """Unmap kept segments no broadcast used for ``idle`` seconds (a source that stopped broadcasting,
-        or whose group ended, would otherwise keep its segment's memory alive through us)."""
+    def drop_idle(self, idle: float) -> int:
+        """Let go of segments no broadcast used for ``idle`` seconds; returns how many.
+
+        As a receiver: the mapping kept from a source that stopped broadcasting
+        (or whose group ended) would keep that segment's memory alive.  As a
+        source: its pool, free and lent (a receiver that never connects again
+        never reports its views gone; the kernel frees those with the views)."""
         now = time.monotonic()
+        closing = []
         with self.segment_lock:
             stale = [f for f, entry in self.mapped.items() if now - entry[2] >= idle]
             for feeder in stale:
                 del self.mapped[feeder]
-        return len(stale)
+            if now - self.last_served >= idle:
+                closing = self.free + [seg for seg, _h in self.lent.values()]
+                self.free = []
+                self.lent.clear()
+        for seg in closing:
+            seg.close()
+        return len(stale) + len(closing)
 
     def lend(self, feeder: str, token: Optional[str], buf) -> None:
         """Report ``token`` released to ``feeder`` (on our next connection to it) once ``buf`` is gone."""
         if token is not None:
-            weakref.finalize(buf, self._note_released, feeder, token)
-
-    def _note_released(self, feeder: str, token: str) -> None:
-        with self.segment_lock:
-            self.released.setdefault(feeder, []).append(token)
+            weakref.finalize(buf, self.reports.append, (feeder, token))  # no lock: see reports
 
     def close(self) -> None:
         with self.segment_lock:
+            self.closed = True
             segs = self.free + [seg for seg, _h in self.lent.values()]
             self.free, self.mapped = [], {}
             self.lent.clear()
@@ -581,16 +610,17 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
             for b, off in zip(buffers, offsets):
                 if b.nbytes:
                     parallel_copy(seg.view[DATA_OFFSET + off : DATA_OFFSET + off + b.nbytes], np.frombuffer(b, np.uint8))
-            shm_meta = _dumps({**meta, "segment": DATA_OFFSET + seg.capacity, "token": seg.token,
+            shm_meta = _dumps({**meta, "segment": DATA_OFFSET + seg.capacity, "token": seg.token, "uid": seg.uid,
                                "readers": len(shm_children)})
             for c in shm_children:
                 c.send_fds([shm_meta], [seg.fd], deadline)
         for c in shm_children:
             errors += c.acknowledgement(deadline)
         if seg is not None:  # never rewritten while a receiver may still read it or holds views of it
-            state.release_segment(seg, {c.name for c in shm_children if c.kept},
-                                  reusable=not any(e["kind"] == "timeout" for e in errors))
+            # reused only when every receiver said how it left it: one that failed may still map it
+            state.release_segment(seg, {c.name for c in shm_children if c.kept}, reusable=not errors)
             seg = None
+            comm._start_housekeeping()  # trims the pool once broadcasts stop
         for t in threads:
             t.join()  # bounded: every send in _stream has the deadline
         for c in children:
@@ -724,7 +754,8 @@ def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, de
                 whole = np.frombuffer(buf, dtype=np.uint8)[DATA_OFFSET:]
                 buffers = [whole[off : off + n] for off, n in zip(offsets, sizes)]
                 return codec.decode(meta["header"], buffers), None, True
-            whole = np.frombuffer(state.shared_mapping(feeder, fds[0], meta["segment"]), dtype=np.uint8)[DATA_OFFSET:]
+            whole = np.frombuffer(state.shared_mapping(feeder, meta.get("uid"), fds[0], meta["segment"]),
+                                  dtype=np.uint8)[DATA_OFFSET:]
             # several readers on one host share its cores already: each copies on its own thread then
             copy = parallel_copy if meta.get("readers", 1) == 1 else np.copyto
             for i, (off, n) in enumerate(zip(offsets, sizes)):

@@ -254,7 +254,7 @@ class Communicator:
                 self._sweep()
                 state = getattr(self, "broadcast_state", None)
                 if state is not None:
-                    state.drop_idle_mappings(self._idle_timeout)
+                    state.drop_idle(self._idle_timeout)
             except Exception:  # never let housekeeping end: the next round tries again
                 log.debug("%s: housekeeping failed", self.name, exc_info=True)
 

@@ -222,9 +222,10 @@ class SocketLink(Link):
                 pass
 
     def _pay_owed(self, deadline: Optional[float]) -> None:  # under _wlock
-        owed, self._owed = self._owed, None
+        owed = self._owed
         if owed:
-            self._send_all([owed], [], deadline, [0])
+            self._send_all([owed], [], deadline, [0])  # one byte: sent whole or not at all
+        self._owed = None
 
     def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
         if self._wbroken is not None:

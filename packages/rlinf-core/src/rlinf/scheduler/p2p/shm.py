@@ -119,10 +119,10 @@ def map_private(fd: int, size: int):
 
 
 class Segment:
-    __slots__ = ("seg_id", "capacity", "fd", "mm", "view", "token")
+    __slots__ = ("seg_id", "capacity", "fd", "mm", "view", "uid", "token")
 
     def __init__(self, seg_id: int, capacity: int, fd: int, mm):
-        self.token = None  # a name for it that other processes can use (broadcast's segments)
+        self.uid = self.token = None  # names other processes can use (broadcast's segments and their lendings)
         self.seg_id = seg_id
         self.capacity = capacity  # bytes available for data
         self.fd = fd
