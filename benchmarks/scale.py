@@ -96,7 +96,7 @@ def _start_nodes(nodes: int):
     cluster = RayNodes(multi_node=nodes > 1)
     cluster.start_head(num_cpus=4)
     for _ in range(nodes - 1):
-        cluster.add_node(num_cpus=4)
+        cluster.add_node(num_cpus=4, wait=120)  # one by one: nodes started together can miss registration
     return cluster
 
 

@@ -88,9 +88,25 @@ class RayNodes:
                     raise RuntimeError(f"the Ray head did not come up within 90 s:\n{self.logs()}") from None
                 time.sleep(0.3)
 
-    def add_node(self, num_cpus: int, num_gpus: int = 0) -> None:
+    def add_node(self, num_cpus: int, num_gpus: int = 0, wait: float = 0.0) -> None:
+        """Start a worker node; with ``wait``, return only once it is up (or raise after ``wait`` seconds).
+
+        Nodes started together on one machine share its session directory, and
+        their raylets can miss Ray's registration window: start them one by one."""
         assert self.multi_node, "RayNodes(multi_node=True) is needed to add nodes"
         self._start([f"--address={self.address}", f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}"])
+        if not wait:
+            return
+        proc, log = self._procs[-1], os.path.join(self.temp_dir, f"node{len(self._procs) - 1}.log")
+        deadline = time.monotonic() + wait
+        while True:  # bounded by ``wait``
+            with open(log, errors="replace") as f:
+                if "Ray runtime started" in f.read():
+                    return
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start (node {len(self._procs) - 1}) did not come up within {wait:g} s:\n"
+                                   f"{self.logs()}")
+            time.sleep(0.3)
 
     def run_driver(self, program: str, *args: str, timeout: float = 150, extra_env: dict | None = None):
         """Run ``program`` as a driver joining this cluster (through RAY_ADDRESS); return the CompletedProcess."""

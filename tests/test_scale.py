@@ -288,6 +288,42 @@ def test_a_connection_is_taken_before_connect_returns_so_reconnections_stay_in_o
         client.close()
 
 
+def test_a_connection_not_taken_in_time_is_made_again_within_the_deadline(monkeypatch):
+    """A listener too busy to take a connection within the handshake timeout (an all-to-all burst on a
+    loaded machine) makes the sender connect again, not fail: the first attempt carried nothing."""
+    import json
+
+    from rlinf.scheduler.p2p.communicator import Communicator
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+
+    monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
+    monkeypatch.setenv("RLINF_HANDSHAKE_TIMEOUT", "0.5")
+    taken, cond = [], threading.Condition()
+
+    def on_accept(link, hello):
+        if not taken:
+            time.sleep(1.5)  # past the connecting side's wait for the acknowledgement
+        with cond:
+            taken.append(link)
+            cond.notify_all()
+
+    server = CpuTransport()
+    endpoint = server.listen(on_accept, "127.0.0.1")
+    client = CpuTransport()
+    try:
+        link = Communicator._connect(client, endpoint, json.dumps({"i": 0}).encode(), time.monotonic() + 20)
+        link.send([b"after"], time.monotonic() + 10)
+        with cond:
+            assert cond.wait_for(lambda: len(taken) == 2, 10)
+        with pytest.raises(ConnectionError):  # the late one: taken after its sender gave up, and empty
+            taken[0].recv(time.monotonic() + 10)
+        assert bytes(taken[1].recv(time.monotonic() + 10)[1][0]) == b"after"
+        link.close()
+    finally:
+        server.close()
+        client.close()
+
+
 def test_connect_fails_when_the_listener_drops_the_connection_instead_of_taking_it(monkeypatch):
     """A connection the listener never takes (here ``on_accept`` closes it, as it does a malformed
     hello) makes ``connect`` fail: before, it returned, and what was sent on it was lost unreported."""

@@ -67,6 +67,12 @@ class HandshakeError(ConnectionError):
     """The other side did not prove it belongs to this cluster, or broke the handshake."""
 
 
+class NotTaken(HandshakeError):
+    """The listener proved it holds the secret, then did not take the connection: it dropped it
+    (its handshake deadline passed, or too many were pending) or was too slow to say so.  The
+    connection carried nothing yet, so connecting again is safe, unlike after a refusal."""
+
+
 # -- the secret ---------------------------------------------------------------------
 def cluster_secret() -> bytes:
     """This process's cluster secret, made (and put in the environment) if there is none yet.
@@ -232,7 +238,7 @@ def await_accepted(sock: socket.socket, deadline: float) -> None:
     try:
         got = _recv_exact(sock, 1, deadline)
     except HandshakeError as exc:
-        raise HandshakeError(f"the listener did not take the connection ({exc})") from None
+        raise NotTaken(f"the listener did not take the connection ({exc})") from None
     if got != ACCEPTED:
         raise HandshakeError("the listener answered the hello with something other than its acknowledgement")
 

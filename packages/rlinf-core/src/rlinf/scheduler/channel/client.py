@@ -69,7 +69,9 @@ class ChannelClient:
                                      f"(it offers {sorted(record.endpoints)})", peer=host_name)
         transport = _client_transport(entry)
         hello = json.dumps({"service": "channel", "channel": channel, "client": f"{os.getpid()}-{uuid.uuid4().hex[:6]}"})
-        link = transport.connect(endpoint, hello.encode(), time.monotonic() + send_timeout())
+        from ..p2p.communicator import Communicator
+
+        link = Communicator._connect(transport, endpoint, hello.encode(), time.monotonic() + send_timeout())
         return cls(channel, host_name, link)
 
     def _read_replies(self) -> None:

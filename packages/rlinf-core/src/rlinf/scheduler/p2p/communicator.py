@@ -334,12 +334,36 @@ class Communicator:
             )
         hello = json.dumps({"src": self.name, "transport": transport}).encode()
         pair.endpoint = endpoint  # also when connecting fails: the sender compares it with a fresh record
-        link = self._transports[transport].connect(endpoint, hello, deadline)
+        link = self._connect(self._transports[transport], endpoint, hello, deadline)
         pair.link, pair.transport = link, transport
         pair.last_used = time.monotonic()
         self._sweep()
         self._start_housekeeping()
         return pair, link
+
+    @staticmethod
+    def _connect(transport: Transport, endpoint: dict, hello: bytes, deadline: Optional[float]) -> Link:
+        """``transport.connect``, again while the deadline allows if the listener did not take the connection.
+
+        A burst of connections on a loaded machine (an all-to-all among 64
+        workers on 2 cores) can keep a listener's handshake threads from taking
+        a connection within the handshake timeout; the listener drops it.  It
+        carried nothing, and one that was taken late is read to its (empty)
+        end before the next, so connecting again loses and reorders nothing.
+        """
+        from ..security import NotTaken, handshake_timeout
+
+        give_up = deadline if deadline is not None else time.monotonic() + 4 * handshake_timeout()
+        pause = 0.05
+        while True:  # bounded by give_up
+            try:
+                return transport.connect(endpoint, hello, deadline)
+            except NotTaken:
+                if time.monotonic() + pause >= give_up:
+                    raise
+                log.debug("connection to %s not taken in time; connecting again", endpoint.get("pid"))
+                time.sleep(pause)
+                pause = min(2 * pause, 1.0)
 
     @hook("p2p_send")
     def _send_frames(self, peer: WorkerAddress, transport: str, frames: list, deadline, raw: bool = False) -> None:
