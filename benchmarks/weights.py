@@ -148,6 +148,22 @@ def _copy_child(fd: int, size: int, start, done) -> None:
         done.wait(120)
 
 
+def _timed_rounds(procs: list, start, done, rounds: int = 2) -> list:
+    """Start ``procs``; time each of ``rounds`` rounds from the ``start`` barrier to the ``done`` one (every
+    wait bounded: a process that fails breaks the barriers within 120 s); join them."""
+    for p in procs:
+        p.start()
+    times = []
+    for _ in range(rounds):
+        start.wait(120)
+        t0 = time.perf_counter()
+        done.wait(120)
+        times.append(time.perf_counter() - t0)
+    for p in procs:
+        p.join(60)
+    return times
+
+
 def copy_floor(size_mb: int, n: int) -> float:
     """Seconds for ``n`` processes to copy ``size_mb`` MiB each out of one shared segment at once (median of 2)."""
     import multiprocessing as mp
@@ -163,17 +179,7 @@ def copy_floor(size_mb: int, n: int) -> float:
         ctx = mp.get_context("fork")
         start, done = ctx.Barrier(n + 1), ctx.Barrier(n + 1)
         procs = [ctx.Process(target=_copy_child, args=(fd, size, start, done), daemon=True) for _ in range(n)]
-        for p in procs:
-            p.start()
-        times = []
-        for _ in range(2):
-            start.wait(120)
-            t0 = time.perf_counter()
-            done.wait(120)
-            times.append(time.perf_counter() - t0)
-        for p in procs:
-            p.join(60)
-        return statistics.median(times)
+        return statistics.median(_timed_rounds(procs, start, done))
     finally:
         os.close(fd)
 
@@ -223,16 +229,7 @@ def tcp_floor(size_mb: int, n: int) -> float:
     procs = [ctx.Process(target=_tcp_receiver, args=(lst, size, start, done), daemon=True) for lst in listeners]
     procs += [ctx.Process(target=_tcp_sender, args=(lst.getsockname()[1], size, start, done), daemon=True)
               for lst in listeners]
-    for p in procs:
-        p.start()
-    times = []
-    for _ in range(2):
-        start.wait(120)
-        t0 = time.perf_counter()
-        done.wait(120)
-        times.append(time.perf_counter() - t0)
-    for p in procs:
-        p.join(60)
+    times = _timed_rounds(procs, start, done)
     for lst in listeners:
         lst.close()
     return times[-1]

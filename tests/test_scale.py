@@ -243,6 +243,17 @@ def test_a_pairs_operations_run_in_order():
     assert seen == list(range(200))
 
 
+def _listener_and_dialer(on_accept):
+    """Two cpu transports in this process: one listening with ``on_accept``, one to connect from."""
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+
+    server = CpuTransport()
+    endpoint = server.listen(on_accept, "127.0.0.1")
+    client = CpuTransport()
+    client.listen(lambda link, hello: link.close(), "127.0.0.1")
+    return server, endpoint, client
+
+
 @pytest.mark.parametrize("local", ["1", "0"], ids=["unix", "tcp"])
 def test_a_connection_is_taken_before_connect_returns_so_reconnections_stay_in_order(monkeypatch, local):
     """The listener finishes handshakes on threads of their own.  Here the first connection's
@@ -251,7 +262,6 @@ def test_a_connection_is_taken_before_connect_returns_so_reconnections_stay_in_o
     acknowledgement, the second was taken first and its messages overtook the first's."""
     import json
 
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
 
     monkeypatch.setenv("RLINF_CPU_LOCAL", local)
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
@@ -265,10 +275,7 @@ def test_a_connection_is_taken_before_connect_returns_so_reconnections_stay_in_o
             taken.append((i, link))
             cond.notify_all()
 
-    server = CpuTransport()
-    endpoint = server.listen(on_accept, "127.0.0.1")
-    client = CpuTransport()
-    client.listen(lambda link, hello: link.close(), "127.0.0.1")
+    server, endpoint, client = _listener_and_dialer(on_accept)
     try:
         first = client.connect(endpoint, json.dumps({"i": 0}).encode(), time.monotonic() + 10)
         with cond:
@@ -349,7 +356,6 @@ def test_one_reader_thread_reads_ahead_on_every_tcp_link(monkeypatch):
     over the read-ahead budget delivered whole, and the end of a link only after what it carried."""
     import json
 
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
 
     monkeypatch.setenv("RLINF_CPU_LOCAL", "0")
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
@@ -360,10 +366,7 @@ def test_one_reader_thread_reads_ahead_on_every_tcp_link(monkeypatch):
             accepted[json.loads(hello)["i"]] = link
             cond.notify_all()
 
-    server = CpuTransport()
-    endpoint = server.listen(on_accept, "127.0.0.1")
-    client = CpuTransport()
-    client.listen(lambda link, hello: link.close(), "127.0.0.1")
+    server, endpoint, client = _listener_and_dialer(on_accept)
     try:
         outs = [client.connect(endpoint, json.dumps({"i": i}).encode(), time.monotonic() + 10) for i in range(20)]
         with cond:
