@@ -8,12 +8,13 @@ spread over every node.  For each N it measures, in the same run:
 
 * launch: every group launched and answering once, against raw Ray actors
   placed the same way (one placement group per group, one bundle per worker,
-  each pinned to its node) and answering once;
+  each pinned to its node, all asked for at once) and answering once;
 * group call: a no-op on every group at once, against ``ray.get`` of a no-op on
   every raw actor;
 * an all-to-all round (every worker sends a small object to every other and
   receives one from each), then the threads and descriptors each worker
-  process holds, and its memory (RSS).
+  process holds, and its memory (RSS); the threads again after a second
+  round and a pause ("settled": the threads a burst of sends took have exited).
 
 Targets: launch and group call at most 1.25x raw Ray at every N.  The table
 goes to stdout, the plot (time against N, one line per measure and baseline)
@@ -108,15 +109,16 @@ def _raw_launch(ray, placements: list[list], node_ids: list[str]):
     from rlinf.ray.launcher import NODE_LABEL, WORKER_CPU
 
     raw_cls = ray.remote(RawActor)
-    groups = []
-    for nodes in placements:
-        pg = placement_group([{"CPU": WORKER_CPU}] * len(nodes), strategy="PACK",
-                             bundle_label_selector=[{NODE_LABEL: node_ids[n]} for n in nodes])
-        ray.get(pg.ready(), timeout=300)
-        actors = [raw_cls.options(num_cpus=WORKER_CPU, scheduling_strategy=PlacementGroupSchedulingStrategy(
-            pg, placement_group_bundle_index=i)).remote() for i in range(len(nodes))]
-        ray.get([a.noop.remote() for a in actors], timeout=300)
-        groups.append((actors, pg))
+    # every group's placement group and actors asked for at once, then one wait for all (as rlinf
+    # launches groups before the first call waits): waiting group by group would serialize Ray's
+    # worker start-ups and flatter rlinf
+    pgs = [placement_group([{"CPU": WORKER_CPU}] * len(nodes), strategy="PACK",
+                           bundle_label_selector=[{NODE_LABEL: node_ids[n]} for n in nodes]) for nodes in placements]
+    ray.get([pg.ready() for pg in pgs], timeout=300)
+    groups = [([raw_cls.options(num_cpus=WORKER_CPU, scheduling_strategy=PlacementGroupSchedulingStrategy(
+        pg, placement_group_bundle_index=i)).remote() for i in range(len(nodes))], pg)
+        for nodes, pg in zip(placements, pgs)]
+    ray.get([a.noop.remote() for actors, _ in groups for a in actors], timeout=300)
     return groups
 
 
@@ -186,15 +188,21 @@ def measure(cluster, ray, n: int, args, tag: str) -> dict:
     second = time.perf_counter()
     [s for h in [g.all_to_all(peers) for g in groups] for s in h.wait()]
     round2_s = time.perf_counter() - second
+    from rlinf.scheduler.p2p.ordering import _Pool
+
+    time.sleep(_Pool.IDLE_EXIT + 1.0)  # the threads a burst of sends took exit once idle this long
+    settled = [s for g in groups for s in g.stats().wait()]
     for g in groups:
         g.stop()
     return {
         "n": n,
         "raw_launch": statistics.median(raw_launch), "our_launch": statistics.median(our_launch),
         "raw_call": statistics.median(raw_call), "our_call": statistics.median(our_call),
-        "round": round_s, "round2": round2_s,
+        "round": round_s, "round2": round2_s, "launches": (raw_launch, our_launch),
         "threads_before": max(s["os_threads"] for s in before), "threads_after": max(s["os_threads"] for s in after),
         "rlinf_threads_after": max(s["rlinf_threads"] for s in after),
+        "threads_settled": max(s["os_threads"] for s in settled),
+        "rlinf_threads_settled": max(s["rlinf_threads"] for s in settled),
         "fds_before": max(s["fds"] for s in before), "fds_after": max(s["fds"] for s in after),
         "rss_mb": statistics.median(s["rss"] for s in after) / 2**20,
         "registry_lookups": max(s["registry_lookups"] for s in after),
@@ -260,7 +268,9 @@ def main(argv=None):
             r = rows[-1]
             print(f"N={n}: launch {r['our_launch']:.2f}s vs raw {r['raw_launch']:.2f}s, "
                   f"call {r['our_call'] * 1e3:.2f}ms vs raw {r['raw_call'] * 1e3:.2f}ms, "
-                  f"round {r['round']:.2f}s, threads {r['threads_after']}, fds {r['fds_after']}", flush=True)
+                  f"round {r['round']:.2f}s, threads {r['threads_after']}, fds {r['fds_after']}; each launch: raw "
+                  f"{', '.join(f'{t:.2f}' for t in r['launches'][0])} s, rlinf "
+                  f"{', '.join(f'{t:.2f}' for t in r['launches'][1])} s", flush=True)
         cluster.shutdown()
     finally:
         if ray.is_initialized():
@@ -270,11 +280,13 @@ def main(argv=None):
     print_table(
         f"Scale benchmark ({args.nodes} simulated nodes, {args.groups} groups; medians; threads/fds/RSS per worker process)",
         ["N", "launch raw (s)", "launch rlinf (s)", "ratio", "call raw (ms)", "call rlinf (ms)", "ratio",
-         "all-to-all 1st (s)", "2nd (s)", "threads before/after", "rlinf threads", "fds before/after", "RSS (MiB)",
+         "all-to-all 1st (s)", "2nd (s)", "threads before/after/settled", "rlinf threads after/settled",
+         "fds before/after", "RSS (MiB)",
          "registry lookups"],
         [[r["n"], r["raw_launch"], r["our_launch"], r["our_launch"] / r["raw_launch"], r["raw_call"] * 1e3,
           r["our_call"] * 1e3, r["our_call"] / r["raw_call"], r["round"], r["round2"],
-          f"{r['threads_before']}/{r['threads_after']}", r["rlinf_threads_after"],
+          f"{r['threads_before']}/{r['threads_after']}/{r['threads_settled']}",
+          f"{r['rlinf_threads_after']}/{r['rlinf_threads_settled']}",
           f"{r['fds_before']}/{r['fds_after']}", r["rss_mb"], r["registry_lookups"]] for r in rows],
     )
     save_plot(rows)
