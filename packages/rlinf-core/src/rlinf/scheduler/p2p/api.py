@@ -69,20 +69,17 @@ def _check_tensor(tensor, what: str, group_name, rank):
         )
 
 
-@hook("p2p_async")
 def send(obj: Any, dst_group_name: str, dst_rank, async_op=False, options=None, timeout=None):
     comm, peer, transport, timeout = _setup(dst_group_name, dst_rank, options, timeout)
     result = comm.send_object(obj, peer, transport, timeout, async_op, options)
     return result if async_op else None
 
 
-@hook("p2p_async")
 def recv(src_group_name: str, src_rank, async_op=False, options=None, timeout=None):
     comm, peer, transport, timeout = _setup(src_group_name, src_rank, options, timeout)
     return comm.recv_object(peer, transport, timeout, async_op, options)
 
 
-@hook("p2p_async")
 def send_tensor(tensor, dst_group_name: str, dst_rank, async_op=False, options=None, timeout=None):
     _check_tensor(tensor, "send_tensor", dst_group_name, dst_rank)
     comm, peer, transport, timeout = _setup(dst_group_name, dst_rank, options, timeout)

@@ -52,6 +52,9 @@ log = logging.getLogger("rlinf.p2p")
 #: seconds between liveness probes of a peer we are waiting for
 PROBE_INTERVAL = 1.0
 _FINGERPRINT = struct.Struct("<16sQ")
+#: each operation's name (the timeline's) -> how its errors say what it was doing to the peer
+_OPERATIONS = {"send": "sending to", "recv": "receiving from", "send_tensor": "sending a tensor to",
+               "recv_tensor": "receiving a tensor from"}
 
 
 class _SendFailure:
@@ -472,13 +475,24 @@ class Communicator:
                 ended = True
 
     # -- operations --------------------------------------------------------------
-    def _run(self, pair: _Pair, op: Callable, async_op: bool, what: str, peer: WorkerAddress, timeout: float):
+    def _run(self, pair: _Pair, op: Callable, async_op: bool, kind: str, peer: WorkerAddress, timeout: float):
+        """Run ``op`` in its turn on the pair: now, or (``async_op``) on the pair's serial runner.
+
+        ``kind`` is the operation (``_OPERATIONS``)."""
         ticket = pair.turnstile.take()
         deadline = time.monotonic() + timeout
         if async_op:
-            return AsyncWork(pair.serial().submit(lambda: self._guarded(pair, ticket, op, deadline, what, peer, timeout)),
-                             f"{what} {peer.get_name()!r}")
-        return self._guarded(pair, ticket, op, deadline, what, peer, timeout)
+            return self._submit(pair, ticket, op, deadline, kind, peer, timeout)
+        return self._guarded(pair, ticket, op, deadline, _OPERATIONS[kind], peer, timeout)
+
+    @hook("p2p_async")
+    def _submit(self, pair: _Pair, ticket: int, op: Callable, deadline: float, kind: str, peer: WorkerAddress,
+                timeout: float) -> AsyncWork:
+        """An ``async_op=True`` operation, queued on the pair's serial runner (the timeline's span of it
+        runs from here until it completes; blocking operations never pass here)."""
+        what = _OPERATIONS[kind]
+        return AsyncWork(pair.serial().submit(lambda: self._guarded(pair, ticket, op, deadline, what, peer, timeout)),
+                         f"{what} {peer.get_name()!r}")
 
     def _guarded(self, pair: _Pair, ticket: int, op: Callable, deadline: float, what: str, peer: WorkerAddress,
                  timeout: float):
@@ -518,7 +532,7 @@ class Communicator:
         def op(deadline):
             self._send_frames(peer, transport, [header, *buffers], deadline)
 
-        result = self._run(pair, op, async_op and failure is None, "sending to", peer, timeout)
+        result = self._run(pair, op, async_op and failure is None, "send", peer, timeout)
         if failure is not None:
             raise TypeError(f"{self.name}: cannot send {type(obj).__name__} to {peer.get_name()!r}: {failure}") from failure
         return result
@@ -540,7 +554,7 @@ class Communicator:
             device_routing.router().send(send_meta, obj, self.name, peer.get_name(), deadline, self._local_ip,
                                          options=fields)
 
-        return self._run(pair, op, async_op, "sending to", peer, timeout)
+        return self._run(pair, op, async_op, "send", peer, timeout)
 
     def recv_object(self, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool,
                     options=None):
@@ -567,7 +581,7 @@ class Communicator:
                 obj = router.unwrap(obj, self.name, deadline, options=_lenient_fields(router, options, fields))
             return obj
 
-        return self._run(pair, op, async_op, "receiving from", peer, timeout)
+        return self._run(pair, op, async_op, "recv", peer, timeout)
 
     def send_tensor(self, tensor, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool,
                     options=None):
@@ -583,7 +597,7 @@ class Communicator:
         def op(deadline):
             self._send_frames(peer, transport, [fingerprint, payload], deadline, raw=True)
 
-        return self._run(pair, op, async_op, "sending a tensor to", peer, timeout)
+        return self._run(pair, op, async_op, "send_tensor", peer, timeout)
 
     def recv_tensor(self, tensor, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool,
                     options=None):
@@ -621,7 +635,7 @@ class Communicator:
                 )
             return tensor
 
-        return self._run(pair, op, async_op, "receiving a tensor from", peer, timeout)
+        return self._run(pair, op, async_op, "recv_tensor", peer, timeout)
 
     def _recv_device_tensor(self, tensor, peer: WorkerAddress, transport: str, timeout: float, async_op: bool,
                             options=None):
@@ -646,7 +660,7 @@ class Communicator:
                     f"{self.name}: recv_tensor from {peer.get_name()!r}: {exc}", peer=peer.get_name()) from None
             return tensor
 
-        return self._run(pair, op, async_op, "receiving a tensor from", peer, timeout)
+        return self._run(pair, op, async_op, "recv_tensor", peer, timeout)
 
     def close(self) -> None:
         self._closed.set()

@@ -39,7 +39,9 @@ clock = time.perf_counter_ns
 
 FIELDS = 10  # buffer slots per event
 
-_events: collections.deque = collections.deque(maxlen=DEFAULT_MAX_EVENTS * FIELDS)
+_capacity = DEFAULT_MAX_EVENTS * FIELDS  # the buffer's maxlen
+_events: collections.deque = collections.deque(maxlen=_capacity)
+_get_ident = threading.get_ident
 _dropped = 0  # events that gave way to newer ones since the buffer was last drained
 _thread_names: dict = {}
 _delta_ns = time.time_ns() - clock()  # wall-clock ns minus perf_counter_ns, read again at enable
@@ -66,13 +68,14 @@ def _max_events() -> int:
 
 def enable() -> bool:
     """Start recording in this process (hook points wrapped); False if it already was."""
-    global _on, _events, _delta_ns
+    global _on, _events, _delta_ns, _capacity
     with _lock:
         if _on:
             return False
         size = _max_events() * FIELDS
         if _events.maxlen != size:
             _events = collections.deque(_events, maxlen=size)
+            _capacity = size
         _delta_ns = time.time_ns() - clock()
         from . import hooks, wrappers
 
@@ -99,15 +102,18 @@ def wall_ns() -> int:
 
 
 def record(phase: str, name: str, cat: str, start: int, end: int, a0=None, a1=None, a2=None, a3=None) -> None:
-    """One event; ``a0`` a dict of arguments, or ``a0..a3`` the scalars named by ``ARG_NAMES``."""
+    """One event; ``a0`` a dict of arguments, or ``a0..a3`` the scalars named by ``ARG_NAMES``.
+
+    On the hot path of every traced send and receive: module globals and C
+    calls only (each attribute lookup here showed up in the round trip)."""
     global _dropped
-    tid = threading.get_ident()
+    tid = _get_ident()
     if tid not in _thread_names:
         _thread_names[tid] = threading.current_thread().name
     events = _events
-    if len(events) == events.maxlen:
+    if len(events) == _capacity:
         _dropped += 1  # approximate under contention: it is a report, not an invariant
-    events.extend((phase, name, cat, start, end, tid, a0, a1, a2, a3))  # whole events: maxlen is a multiple
+    events.extend((phase, name, cat, start, end, tid, a0, a1, a2, a3))  # whole events: capacity is a multiple
 
 
 def _read_boot_id() -> str:

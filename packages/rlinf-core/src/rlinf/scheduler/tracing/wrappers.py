@@ -155,11 +155,14 @@ def _timer(fn):
 def _nbytes(frames) -> int:
     total = 0
     for f in frames:
-        total += len(f) if type(f) is bytes else memoryview(f).nbytes
+        t = type(f)
+        total += len(f) if t is bytes or t is bytearray else f.nbytes if t is memoryview else memoryview(f).nbytes
     return total
 
 
 def _p2p_send(fn):
+    # the success path is written out: it runs on every traced send, and each call or object
+    # it makes costs the round trip far more there than in a loop that keeps it in cache
     @functools.wraps(fn)
     def traced_send_frames(self, peer, transport, frames, deadline, raw=False):
         start = clock()
@@ -169,8 +172,13 @@ def _p2p_send(fn):
             record("X", "send_tensor" if raw else "send", "p2p", start, clock(), peer._name,
                    _nbytes(frames[1:] if raw else frames), transport, type(exc).__name__)
             raise
-        record("X", "send_tensor" if raw else "send", "p2p", start, clock(), peer._name,
-               _nbytes(frames[1:]) if raw else _nbytes(frames), transport)
+        end = clock()
+        if raw:
+            record("X", "send_tensor", "p2p", start, end, peer._name, _nbytes(frames[1:]), transport)
+        elif len(frames) == 1 and type(frames[0]) is bytes:  # a small object: its header is all of it
+            record("X", "send", "p2p", start, end, peer._name, len(frames[0]), transport)
+        else:
+            record("X", "send", "p2p", start, end, peer._name, _nbytes(frames), transport)
 
     return traced_send_frames
 
@@ -185,40 +193,31 @@ def _p2p_recv(fn):
             record("X", "recv", "p2p", start, clock(), peer._name, None, transport, type(exc).__name__)
             raise
         if type(result) is tuple:  # (raw, frames) of a recv; recv_tensor's read returns a flag (recorded there)
-            record("X", "recv", "p2p", start, clock(), peer._name, _nbytes(result[1]), transport)
+            end = clock()
+            frames = result[1]
+            record("X", "recv", "p2p", start, end, peer._name,
+                   frames[0].nbytes if len(frames) == 1 and type(frames[0]) is memoryview else _nbytes(frames),
+                   transport)
         return result
 
     return traced_receive
 
 
 def _p2p_async(fn):
-    """``send``/``recv``/``send_tensor`` with ``async_op=True``: a span from the call until the work completes
-    (the bytes are on the transfer's own span, on the pair's runner thread)."""
-    name = fn.__name__
-    if name == "recv":
-        @functools.wraps(fn)
-        def traced_recv(src_group_name, src_rank, async_op=False, options=None, timeout=None):
-            if not async_op:
-                return fn(src_group_name, src_rank, async_op, options, timeout)
-            start = clock()
-            work = fn(src_group_name, src_rank, async_op, options, timeout)
-            _on_done(work, "recv (async)", "p2p", start, {"peer": f"{src_group_name}:{src_rank}"})
-            return work
-
-        return traced_recv
-
-    label = f"{name} (async)"
+    """``send``/``recv``/``send_tensor`` with ``async_op=True`` (the communicator's ``_submit``): a span from
+    the call until the work completes (the bytes are on the transfer's own span, on the runner thread).
+    Blocking operations do not pass here, so they pay for no wrapper beyond their transfer's."""
 
     @functools.wraps(fn)
-    def traced_send(obj, dst_group_name, dst_rank, async_op=False, options=None, timeout=None):
-        if not async_op:
-            return fn(obj, dst_group_name, dst_rank, async_op, options, timeout)
+    def traced_submit(self, pair, ticket, op, deadline, kind, peer, timeout):
+        if kind == "recv_tensor":  # its span, with the tensor's size, comes from recv_tensor's own hook
+            return fn(self, pair, ticket, op, deadline, kind, peer, timeout)
         start = clock()
-        work = fn(obj, dst_group_name, dst_rank, async_op, options, timeout)
-        _on_done(work, label, "p2p", start, {"peer": f"{dst_group_name}:{dst_rank}"})
+        work = fn(self, pair, ticket, op, deadline, kind, peer, timeout)
+        _on_done(work, f"{kind} (async)", "p2p", start, {"peer": peer._name})
         return work
 
-    return traced_send
+    return traced_submit
 
 
 def _p2p_recv_tensor(fn):
