@@ -12,9 +12,14 @@
 * torch gloo: ``dist.broadcast`` of every tensor (asynchronously, then waited for) in a
   gloo process group of N+1 processes, into the receivers' existing tensors.
 * copy floor (raw, not a target): N plain processes each copy the payload from one warm
-  shared mapping into their own warm buffer, all at once: what N in-place receptions
-  cost this machine's cores and memory at the least, with no protocol at all.  Receiving
-  in place cannot beat it, and with fewer cores than receivers it grows with N.
+  shared mapping into their own warm state dict (``--tensors`` torch tensors, as a
+  receiver's), all at once: what N in-place receptions cost this machine's cores and
+  memory at the least, with no protocol at all.  Receiving in place cannot beat it, and
+  with fewer cores than receivers it grows with N.  "one buffer" is the same into a single
+  buffer: one large ``memcpy``, which glibc does with non-temporal stores past a size set
+  by the CPU's cache (see ``ld.so --list-diagnostics``, ``non_temporal_threshold``);
+  a state dict's tensors are each below it on most machines, and each copy then reads
+  its destination in before writing it.
 * TCP floor (raw, not a target): N plain sender processes each stream the payload over
   loopback TCP to one of N plain receiver processes, all at once: the socket work any
   broadcast forced over TCP must do on one host (a send and a receive copy per receiver).
@@ -134,17 +139,27 @@ class RaySource:
         return statistics.median(times[1:])
 
 
-def _copy_child(fd: int, size: int, start, done) -> None:
+def _copy_child(fd: int, size: int, tensors: int, start, done) -> None:
     import mmap
 
     import numpy as np
 
     src = np.frombuffer(mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ), dtype=np.uint8)
-    dst = np.empty(size, dtype=np.uint8)
-    np.copyto(dst, src)  # warm: both mappings faulted in, as a receiver's kept mapping and state dict are
+    if tensors > 1:  # as a receiver's state dict
+        dsts = [t.numpy().view(np.uint8) for t in _state_dict(size // MiB, tensors, 0.0).values()]
+    else:
+        dsts = [np.empty(size, dtype=np.uint8)]
+
+    def copy():
+        pos = 0
+        for d in dsts:
+            np.copyto(d, src[pos : pos + d.nbytes])
+            pos += d.nbytes
+
+    copy()  # warm: both mappings faulted in, as a receiver's kept mapping and state dict are
     for _ in range(2):
         start.wait(120)
-        np.copyto(dst, src)
+        copy()
         done.wait(120)
 
 
@@ -164,8 +179,9 @@ def _timed_rounds(procs: list, start, done, rounds: int = 2) -> list:
     return times
 
 
-def copy_floor(size_mb: int, n: int) -> float:
-    """Seconds for ``n`` processes to copy ``size_mb`` MiB each out of one shared segment at once (median of 2)."""
+def copy_floor(size_mb: int, n: int, tensors: int = 1) -> float:
+    """Seconds for ``n`` processes to copy ``size_mb`` MiB each out of one shared segment at once, into
+    ``tensors`` tensors each (median of 2)."""
     import multiprocessing as mp
 
     import numpy as np
@@ -178,7 +194,8 @@ def copy_floor(size_mb: int, n: int) -> float:
             f.write(np.ones(size, dtype=np.uint8).tobytes())
         ctx = mp.get_context("fork")
         start, done = ctx.Barrier(n + 1), ctx.Barrier(n + 1)
-        procs = [ctx.Process(target=_copy_child, args=(fd, size, start, done), daemon=True) for _ in range(n)]
+        procs = [ctx.Process(target=_copy_child, args=(fd, size, tensors, start, done), daemon=True)
+                 for _ in range(n)]
         return statistics.median(_timed_rounds(procs, start, done))
     finally:
         os.close(fd)
@@ -275,24 +292,27 @@ def main(argv=None):
     receivers = [ray.remote(num_cpus=0.01)(RayReceiver).remote() for _ in range(top)]
 
     results = {k: {} for k in ("rlinf shm", "rlinf TCP", "Ray object store", "torch gloo", "rlinf shm views")}
-    floor, tcp_fl = {}, {}
+    floor, floor_one, tcp_fl = {}, {}, {}
     for n in ns:
         results["rlinf shm"][n] = group.rlinf_sync(n, args.rounds, False).wait()[0]
         results["rlinf shm views"][n] = group.rlinf_sync(n, args.rounds, False, True).wait()[0]
         results["rlinf TCP"][n] = group.rlinf_sync(n, args.rounds, True).wait()[0]
         results["Ray object store"][n] = ray.get(source.sync.remote(receivers[:n], args.rounds))
         results["torch gloo"][n] = group.gloo_sync(n, args.rounds).wait()[0]
-        floor[n] = copy_floor(args.size_mb, n)
+        floor[n] = copy_floor(args.size_mb, n, args.tensors)
+        floor_one[n] = copy_floor(args.size_mb, n)
         tcp_fl[n] = tcp_floor(args.size_mb, n)
         print(f"N={n}: " + ", ".join(f"{k} {v[n]:.3f} s" for k, v in results.items()), flush=True)
 
     shm, tcp, ray_t, gloo, views = (results[k] for k in results)
-    rows = [[n, shm[n], tcp[n], views[n], ray_t[n], gloo[n], floor[n], tcp_fl[n], ray_t[n] / shm[n], gloo[n] / shm[n],
-             gloo[n] / tcp[n], ray_t[n] / views[n], shm[n] / floor[n], tcp[n] / tcp_fl[n], gloo[n] / tcp_fl[n]]
+    rows = [[n, shm[n], tcp[n], views[n], ray_t[n], gloo[n], floor[n], floor_one[n], tcp_fl[n], ray_t[n] / shm[n],
+             gloo[n] / shm[n], gloo[n] / tcp[n], ray_t[n] / views[n], shm[n] / floor[n], tcp[n] / tcp_fl[n],
+             gloo[n] / tcp_fl[n]]
             for n in ns]
     print_table(f"Weight sync: {args.size_mb} MiB in {args.tensors} tensors, one source to N receivers on this host "
                 f"(seconds, median of {args.rounds})",
-                ["N", "rlinf shm", "rlinf TCP", "shm views", "Ray store", "gloo", "copy floor", "TCP floor", "Ray/shm",
+                ["N", "rlinf shm", "rlinf TCP", "shm views", "Ray store", "gloo", "copy floor", "(one buffer)",
+                 "TCP floor", "Ray/shm",
                  "gloo/shm", "gloo/TCP", "Ray/views", "shm/floor", "TCP/floor", "gloo/floor"], rows)
     print(f"(not targets) rlinf shm views: time at N={max(ns)} / time at N={min(ns)}: "
           f"{views[max(ns)] / views[min(ns)]:.2f}; copy floor at N={max(ns)} / N={min(ns)}: "
@@ -300,6 +320,7 @@ def main(argv=None):
     save_line_plot("weights", f"Broadcast of {args.size_mb} MiB in {args.tensors} tensors",
                    ns, {**{k: [v[n] for n in ns] for k, v in results.items()},
                         "copy floor (raw processes)": [floor[n] for n in ns],
+                        "copy floor, one buffer (raw processes)": [floor_one[n] for n in ns],
                         "TCP floor (raw processes)": [tcp_fl[n] for n in ns]}, "seconds (lower is better)")
     lo = min(ns)
     targets = [
