@@ -8,7 +8,9 @@ spread over every node.  For each N it measures, in the same run:
 
 * launch: every group launched and answering once, against raw Ray actors
   placed the same way (one placement group per group, one bundle per worker,
-  each pinned to its node, all asked for at once) and answering once;
+  each pinned to its node, all asked for at once) and answering once; each
+  launch starts once the previous one's processes have exited, after one
+  untimed launch of each kind;
 * group call: a no-op on every group at once, against ``ray.get`` of a no-op on
   every raw actor;
 * an all-to-all round (every worker sends a small object to every other and
@@ -131,6 +133,28 @@ def _raw_stop(ray, groups) -> None:
         remove_placement_group(pg)
 
 
+def _actor_processes() -> int:
+    """Ray actor processes on this machine, every simulated node's (Ray titles them ``ray::Class...``;
+    its pooled idle workers ``ray::IDLE``)."""
+    import psutil
+
+    count = 0
+    for proc in psutil.process_iter(["cmdline"]):
+        title = " ".join(proc.info["cmdline"] or ())
+        if title.startswith("ray::") and not title.startswith("ray::IDLE"):
+            count += 1
+    return count
+
+
+def _settle(baseline: int, limit: float = 180.0) -> None:
+    """Wait (at most ``limit`` s) until the actor processes of the last launch have exited.  A launch of 64
+    timed while the 64 actors stopped just before were still exiting took 5-10x as long here, whoever's
+    launch it was, so an unsettled cluster decides the ratio by the order of the launches."""
+    deadline = time.monotonic() + limit
+    while _actor_processes() > baseline and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def _placements(n: int, groups: int, nodes: int) -> list[list[int]]:
     sizes = [n // groups + (1 if g < n % groups else 0) for g in range(groups)]
     out, k = [], 0
@@ -140,30 +164,51 @@ def _placements(n: int, groups: int, nodes: int) -> list[list[int]]:
     return out
 
 
+def warm_up(cluster, ray) -> None:
+    """One untimed launch of each kind: what a cluster does once, not per launch (rlinf's group registry
+    actor, each side's first actor class export), stays out of the first size's launch times."""
+    node_ids = [node.node_id for node in cluster.nodes]
+    _raw_stop(ray, _raw_launch(ray, [[0]], node_ids))
+    group = ScaleWorker.create_group().launch(cluster, NodePlacementStrategy([0]), name="scale_warm_up")
+    group.noop().wait()
+    group.stop()
+
+
 def measure(cluster, ray, n: int, args, tag: str) -> dict:
     node_ids = [node.node_id for node in cluster.nodes]
     placements = _placements(n, args.groups, args.nodes)
 
     raw_launch, our_launch = [], []
     groups = None
+    baseline = _actor_processes()
+
+    def launch_ours(i):
+        return [ScaleWorker.create_group().launch(cluster, NodePlacementStrategy(p), name=f"scale_{tag}_{i}_{g}")
+                for g, p in enumerate(placements)]
+
     for i in range(args.launches):
-        # alternate who goes first: the first to launch gets Ray's prestarted worker processes
+        # alternate who goes first; each launch starts on a cluster where the last one's processes are gone
         for ours in ((False, True) if i % 2 == 0 else (True, False)):
+            if groups is not None:
+                for g in groups:
+                    g.stop()
+                groups = None
+            _settle(baseline)
+            start = time.perf_counter()
             if not ours:
-                start = time.perf_counter()
                 raw = _raw_launch(ray, placements, node_ids)
                 raw_launch.append(time.perf_counter() - start)
                 _raw_stop(ray, raw)
                 continue
-            if groups is not None:
-                for g in groups:
-                    g.stop()
-            start = time.perf_counter()
-            groups = [ScaleWorker.create_group().launch(cluster, NodePlacementStrategy(p), name=f"scale_{tag}_{i}_{g}")
-                      for g, p in enumerate(placements)]
+            groups = launch_ours(i)
             for g in groups:
                 g.noop().wait()
             our_launch.append(time.perf_counter() - start)
+    if groups is None:
+        _settle(baseline)
+        groups = launch_ours(args.launches)
+        for g in groups:
+            g.noop().wait()
 
     raw = _raw_launch(ray, placements, node_ids)
     actors = [a for group_actors, _ in raw for a in group_actors]
@@ -263,6 +308,7 @@ def main(argv=None):
                     raise
                 time.sleep(5)
         cluster = Cluster(num_nodes=args.nodes)
+        warm_up(cluster, ray)
         for n in [int(s) for s in args.sizes.split(",")]:
             rows.append(measure(cluster, ray, n, args, str(n)))
             r = rows[-1]
