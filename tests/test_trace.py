@@ -234,6 +234,50 @@ def test_hook_points_are_the_plain_functions_unless_tracing_is_on():
     assert notes[0] == "a note" and "3 oldest event(s)" in notes[1]
 
 
+def test_p2p_events_are_whole_name_their_thread_and_count_what_gave_way(monkeypatch):
+    """The point-to-point wrappers write out what ``record`` does (for speed): they must keep
+    its contract: whole events, the recording thread's name, the bytes of every frame (a
+    tensor's payload only), and a count of the events a full buffer pushed out."""
+    import threading
+
+    from rlinf.scheduler.address import WorkerAddress
+    from rlinf.scheduler.tracing import wrappers
+
+    def send_frames(self, peer, transport, frames, deadline, raw=False):
+        return None
+
+    def receive(self, peer, transport, deadline, read):
+        return False, [bytearray(5), memoryview(bytes(28)).cast("i")]
+
+    send, recv = wrappers.make("p2p_send", send_frames), wrappers.make("p2p_recv", receive)
+    peer = WorkerAddress("g", 1)
+    monkeypatch.setenv(recorder.MAX_EVENTS_ENV, "3")
+    assert not recorder.is_on()
+    recorder.enable()
+    try:
+        recorder.record("X", "first", "timer", 1, 2)
+        send(None, peer, "cpu", [b"abc"], None)
+        send(None, peer, "cpu", [b"fingerprint", memoryview(bytes(16)).cast("i")], None, True)  # full now
+        t = threading.Thread(target=recv, args=(None, peer, "cpu", None, None), name="unit-recv")
+        t.start()
+        t.join(10)  # pushes out "first"
+        send(None, peer, "cpu", [b"abcd"], None)  # pushes out the first send
+        mine = recorder.dump(drain=True)
+    finally:
+        recorder.disable()
+        recorder.reset()
+        monkeypatch.delenv(recorder.MAX_EVENTS_ENV)
+        recorder.enable()  # back to the default buffer
+        recorder.disable()
+    events = mine["events"]
+    assert [e[1] for e in events] == ["send_tensor", "recv", "send"] and mine["dropped"] == 2
+    assert events[0][6] == {"peer": "g:1", "bytes": 16, "transport": "cpu"}
+    assert events[1][6] == {"peer": "g:1", "bytes": 5 + 28, "transport": "cpu"}
+    assert mine["threads"][events[1][5]] == "unit-recv"
+    assert events[2][6] == {"peer": "g:1", "bytes": 4, "transport": "cpu"}
+    assert all(e[4] >= e[3] for e in events)
+
+
 def test_bad_trace_paths_are_refused_before_anything_starts(cluster, tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         cluster.trace(tmp_path / "missing" / "t.json")

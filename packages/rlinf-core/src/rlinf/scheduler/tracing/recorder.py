@@ -104,16 +104,26 @@ def wall_ns() -> int:
 def record(phase: str, name: str, cat: str, start: int, end: int, a0=None, a1=None, a2=None, a3=None) -> None:
     """One event; ``a0`` a dict of arguments, or ``a0..a3`` the scalars named by ``ARG_NAMES``.
 
-    On the hot path of every traced send and receive: module globals and C
-    calls only (each attribute lookup here showed up in the round trip)."""
-    global _dropped
+    The point-to-point wrappers do the same written out (see ``wrappers._p2p_send``):
+    the buffer, ``note_thread`` and ``note_dropped`` are their contract too."""
     tid = _get_ident()
     if tid not in _thread_names:
-        _thread_names[tid] = threading.current_thread().name
+        note_thread(tid)
     events = _events
     if len(events) == _capacity:
-        _dropped += 1  # approximate under contention: it is a report, not an invariant
+        note_dropped()
     events.extend((phase, name, cat, start, end, tid, a0, a1, a2, a3))  # whole events: capacity is a multiple
+
+
+def note_thread(tid: int) -> None:
+    """Name the calling thread (``tid``) once, for its track in the trace."""
+    _thread_names[tid] = threading.current_thread().name
+
+
+def note_dropped() -> None:
+    """An event is about to push the oldest one out of the full buffer."""
+    global _dropped
+    _dropped += 1  # approximate under contention: it is a report, not an invariant
 
 
 def _read_boot_id() -> str:
