@@ -97,9 +97,13 @@ def _start_nodes(nodes: int):
 
     # Ray's cluster mode (more than one node) advertises this machine's address instead of loopback
     cluster = RayNodes(multi_node=nodes > 1)
-    cluster.start_head(num_cpus=4)
-    for _ in range(nodes - 1):
-        cluster.add_node(num_cpus=4, wait=120)  # one by one: nodes started together can miss registration
+    try:
+        cluster.start_head(num_cpus=4)
+        for _ in range(nodes - 1):
+            cluster.add_node(num_cpus=4, wait=120)  # one by one: nodes started together can miss registration
+    except BaseException:
+        cluster.stop()  # the nodes that did come up
+        raise
     return cluster
 
 

@@ -331,6 +331,65 @@ def test_a_connection_not_taken_in_time_is_made_again_within_the_deadline(monkey
         client.close()
 
 
+@pytest.mark.parametrize("via", ["p2p", "broadcast"])
+@pytest.mark.parametrize("stall", ["before beginning", "before answering"])
+def test_a_listener_too_busy_to_handshake_in_time_is_connected_to_again(monkeypatch, stall, via):
+    """A listener whose handshake threads do not get the CPU in time (4,032 handshakes at once among
+    64 workers on 2 cores) misses the connecting side's deadline before it has begun the handshake or
+    while it checks the answer.  Nothing was sent but the handshake, so the sender connects again:
+    before, such a send failed at once, its receiver waited for it, and the all-to-all hung."""
+    import json
+    import socket as socketlib
+
+    from rlinf.scheduler import security
+    from rlinf.scheduler.p2p.broadcast import _State
+    from rlinf.scheduler.p2p.communicator import Communicator
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+
+    connect = Communicator._connect if via == "p2p" else _State._connect_until_begun
+    monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
+    monkeypatch.setenv("RLINF_HANDSHAKE_TIMEOUT", "0.5")
+    server = socketlib.create_server(("127.0.0.1", 0))
+    server.settimeout(20)
+    seen = []
+
+    def serve():
+        first, _ = server.accept()
+        if stall == "before answering":
+            first.sendall(security._MAGIC + b"n" * security._NONCE)  # begins, then stalls on the answer
+        time.sleep(1.2)  # past the connecting side's handshake deadline
+        first.close()
+        while not seen:  # bounded by the server's accept timeout; attempts made while we slept gave up
+            conn, _ = server.accept()
+            deadline = time.monotonic() + 10
+            try:
+                security.server_handshake(conn, deadline)
+                hello = json.loads(security.recv_hello(conn, deadline))
+            except security.HandshakeError:
+                conn.close()
+                continue
+            seen.append(hello)
+            conn.sendall(security.ACCEPTED)
+            seen.append(bytes(conn.recv(64)))
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = CpuTransport()
+    endpoint = {"tcp": ["127.0.0.1", server.getsockname()[1]], "host": "another host", "pid": 0}
+    try:
+        start = time.monotonic()
+        link = connect(client, endpoint, json.dumps({"i": 1}).encode(), time.monotonic() + 20)
+        assert time.monotonic() - start >= 0.5  # the first attempt ran into its deadline
+        link.send([b"x"], time.monotonic() + 10)
+        thread.join(20)
+        assert seen and seen[0] == {"i": 1} and len(seen[1]) > 0
+        link.close()
+    finally:
+        server.close()
+        client.close()
+
+
 def test_connect_fails_when_the_listener_drops_the_connection_instead_of_taking_it(monkeypatch):
     """A connection the listener never takes (here ``on_accept`` closes it, as it does a malformed
     hello) makes ``connect`` fail: before, it returned, and what was sent on it was lost unreported."""

@@ -68,9 +68,23 @@ class HandshakeError(ConnectionError):
 
 
 class NotTaken(HandshakeError):
-    """The listener proved it holds the secret, then did not take the connection: it dropped it
-    (its handshake deadline passed, or too many were pending) or was too slow to say so.  The
-    connection carried nothing yet, so connecting again is safe, unlike after a refusal."""
+    """The listener did not take the connection in time: it was too slow to begin the handshake,
+    to answer it, or to take the connection once the hello arrived (a burst of hundreds of
+    handshakes on a loaded machine), or it dropped the connection before beginning.  Nothing
+    was sent on it but the handshake, so connecting again is safe, unlike after a refusal (a
+    listener that closes on our answer, or proves another secret).
+
+    ``hello_sent``: whether the hello went out first.  If it did, the listener
+    may still take the connection late (and find it empty); if not, it never
+    will."""
+
+    def __init__(self, message: str, hello_sent: bool = False):
+        super().__init__(message)
+        self.hello_sent = hello_sent
+
+
+class _TimedOut(HandshakeError):
+    """A handshake step missed its deadline (the other side is slow, not refusing)."""
 
 
 # -- the secret ---------------------------------------------------------------------
@@ -115,7 +129,7 @@ def handshake_deadline(deadline: Optional[float] = None) -> float:
 def _settimeout(sock: socket.socket, deadline: float) -> None:
     left = deadline - time.monotonic()
     if left <= 0:
-        raise HandshakeError("the handshake did not complete before its deadline")
+        raise _TimedOut("the handshake did not complete before its deadline")
     sock.settimeout(left)
 
 
@@ -128,7 +142,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
         try:
             got = sock.recv_into(view[pos:])
         except socket.timeout:
-            raise HandshakeError("the handshake did not complete before its deadline") from None
+            raise _TimedOut("the handshake did not complete before its deadline") from None
         if got == 0:
             raise HandshakeError("the other side closed the connection during the handshake")
         pos += got
@@ -140,7 +154,7 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
     try:
         sock.sendall(data)
     except socket.timeout:
-        raise HandshakeError("the handshake did not complete before its deadline") from None
+        raise _TimedOut("the handshake did not complete before its deadline") from None
 
 
 def _mac(key: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
@@ -190,14 +204,19 @@ def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
     """
     check_peer_uid(sock)
     key = key or cluster_secret()
-    head = _recv_exact(sock, len(_MAGIC) + _NONCE, deadline)
+    try:
+        head = _recv_exact(sock, len(_MAGIC) + _NONCE, deadline)
+    except HandshakeError as exc:  # it has not begun: too busy to start a handshake, or it shed us first
+        raise NotTaken(f"the listener did not begin the handshake ({exc})") from None
     if head[: len(_MAGIC)] != _MAGIC:
         raise HandshakeError("the listener did not start an rlinf handshake (another program, or another rlinf version)")
     challenge = head[len(_MAGIC):]
     ours = secrets.token_bytes(_NONCE)
-    _send_all(sock, ours + _mac(key, b"client", challenge, ours), deadline)
     try:
+        _send_all(sock, ours + _mac(key, b"client", challenge, ours), deadline)
         proof = _recv_exact(sock, _DIGEST, deadline)
+    except _TimedOut as exc:  # slow to check our answer: a refusal closes at once
+        raise NotTaken(f"the listener did not answer in time ({exc})") from None
     except HandshakeError as exc:
         raise HandshakeError(
             f"the listener refused this process ({exc}); both sides must hold the same cluster secret "
@@ -238,7 +257,7 @@ def await_accepted(sock: socket.socket, deadline: float) -> None:
     try:
         got = _recv_exact(sock, 1, deadline)
     except HandshakeError as exc:
-        raise NotTaken(f"the listener did not take the connection ({exc})") from None
+        raise NotTaken(f"the listener did not take the connection ({exc})", hello_sent=True) from None
     if got != ACCEPTED:
         raise HandshakeError("the listener answered the hello with something other than its acknowledgement")
 
