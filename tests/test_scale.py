@@ -390,6 +390,24 @@ def test_a_listener_too_busy_to_handshake_in_time_is_connected_to_again(monkeypa
         client.close()
 
 
+def test_a_hello_that_misses_its_deadline_is_not_a_refusal():
+    """The connecting side itself descheduled past the handshake deadline between the listener's proof
+    and its hello (it happened in the 64-worker all-to-all): the listener never takes a partial hello,
+    so that is a connection to make again (``NotTaken``, hello not sent), not a failed send."""
+    import socket as socketlib
+
+    from rlinf.scheduler import security
+
+    a, b = socketlib.socketpair()
+    try:
+        with pytest.raises(security.NotTaken) as info:
+            security.send_hello(a, b"{}", time.monotonic() - 1)
+        assert info.value.hello_sent is False
+    finally:
+        a.close()
+        b.close()
+
+
 def test_connect_fails_when_the_listener_drops_the_connection_instead_of_taking_it(monkeypatch):
     """A connection the listener never takes (here ``on_accept`` closes it, as it does a malformed
     hello) makes ``connect`` fail: before, it returned, and what was sent on it was lost unreported."""

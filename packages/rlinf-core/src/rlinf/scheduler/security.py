@@ -230,7 +230,10 @@ def send_hello(sock: socket.socket, hello: bytes, deadline: float) -> None:
     """Send the connection's hello (length-prefixed, at most ``MAX_HELLO`` bytes), after ``client_handshake``."""
     if len(hello) > MAX_HELLO:
         raise ValueError(f"a hello of {len(hello)} bytes is over the {MAX_HELLO}-byte limit")
-    _send_all(sock, _HELLO_LEN.pack(len(hello)) + bytes(hello), deadline)
+    try:
+        _send_all(sock, _HELLO_LEN.pack(len(hello)) + bytes(hello), deadline)
+    except _TimedOut as exc:  # this side was too slow (descheduled): the listener never takes a partial hello
+        raise NotTaken(f"the hello did not go out in time ({exc})") from None
 
 
 def recv_hello(sock: socket.socket, deadline: float) -> bytes:
