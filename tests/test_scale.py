@@ -341,12 +341,14 @@ def test_a_listener_too_busy_to_handshake_in_time_is_connected_to_again(monkeypa
     import json
     import socket as socketlib
 
+    import functools
+
     from rlinf.scheduler import security
-    from rlinf.scheduler.p2p.broadcast import _State
     from rlinf.scheduler.p2p.communicator import Communicator
     from rlinf.scheduler.p2p.cpu_transport import CpuTransport
 
-    connect = Communicator._connect if via == "p2p" else _State._connect_until_begun
+    connect = Communicator._connect if via == "p2p" else functools.partial(Communicator._connect,
+                                                                             again_after_hello=False)
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
     monkeypatch.setenv("RLINF_HANDSHAKE_TIMEOUT", "0.5")
     server = socketlib.create_server(("127.0.0.1", 0))

@@ -209,7 +209,10 @@ class _State:
         hello = json.dumps({"service": SERVICE, "src": comm.name, "seq": seq, "released": released}).encode()
         transport = comm._transports["cpu"]
         try:
-            return self._connect_until_begun(transport, comm._lookup(addr).endpoints["cpu"], hello, deadline)
+            # again while the feeder is too busy to begin; not once the hello went out: the feeder may take
+            # that connection late, and another one under the same seq would pair with its next broadcast
+            return type(comm)._connect(transport, comm._lookup(addr).endpoints["cpu"], hello, deadline,
+                                       again_after_hello=False)
         except (ConnectionError, OSError) as exc:
             if isinstance(exc, (TimeoutError, HandshakeError)):
                 # the feeder may have taken that connection already: another one under the same seq would pair
@@ -217,23 +220,6 @@ class _State:
                 raise
             # its group may have been relaunched under the same name: look again, once
             return transport.connect(comm._lookup(addr, refresh=True).endpoints["cpu"], hello, deadline)
-
-    @staticmethod
-    def _connect_until_begun(transport, endpoint: dict, hello: bytes, deadline: float):
-        """``transport.connect``, again (until the deadline) while the feeder is too busy to begin the
-        handshake.  Not once the hello went out: the feeder may take that connection late, and another
-        one under the same seq would pair with its next broadcast."""
-        from ..security import NotTaken
-
-        pause = 0.05
-        while True:  # bounded by the deadline
-            try:
-                return transport.connect(endpoint, hello, deadline)
-            except NotTaken as exc:
-                if exc.hello_sent or time.monotonic() + pause >= deadline:
-                    raise
-                time.sleep(pause)
-                pause = min(2 * pause, 1.0)
 
     # -- segments, source side --------------------------------------------------------
     def acquire_segment(self, nbytes: int):

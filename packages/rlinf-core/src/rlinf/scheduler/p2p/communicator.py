@@ -345,7 +345,8 @@ class Communicator:
         return pair, link
 
     @staticmethod
-    def _connect(transport: Transport, endpoint: dict, hello: bytes, deadline: Optional[float]) -> Link:
+    def _connect(transport: Transport, endpoint: dict, hello: bytes, deadline: Optional[float],
+                 again_after_hello: bool = True) -> Link:
         """``transport.connect``, again while the deadline allows if the listener did not take the connection.
 
         A burst of connections on a loaded machine (an all-to-all among 64
@@ -353,6 +354,8 @@ class Communicator:
         a connection within the handshake timeout; the listener drops it.  It
         carried nothing, and one that was taken late is read to its (empty)
         end before the next, so connecting again loses and reorders nothing.
+        ``again_after_hello=False``: only while the hello has not gone out (a
+        broadcast, whose feeder pairs a late connection with its next call).
         """
         from ..security import NotTaken, handshake_timeout
 
@@ -361,8 +364,8 @@ class Communicator:
         while True:  # bounded by give_up
             try:
                 return transport.connect(endpoint, hello, deadline)
-            except NotTaken:
-                if time.monotonic() + pause >= give_up:
+            except NotTaken as exc:
+                if (exc.hello_sent and not again_after_hello) or time.monotonic() + pause >= give_up:
                     raise
                 log.debug("connection to %s not taken in time; connecting again", endpoint.get("pid"))
                 time.sleep(pause)

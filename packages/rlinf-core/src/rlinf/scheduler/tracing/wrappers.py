@@ -212,7 +212,7 @@ def _p2p_recv(fn):
                 note_dropped()
             frames = result[1]
             events.extend(("X", "recv", "p2p", start, end, tid, peer._name,
-                           len(frames[0]) if len(frames) == 1 and type(frames[0]) is not memoryview else _nbytes(frames),
+                           len(frames[0]) if len(frames) == 1 and type(frames[0]) is bytearray else _nbytes(frames),
                            transport, None))
         return result
 
