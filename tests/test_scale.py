@@ -410,6 +410,135 @@ def test_a_hello_that_misses_its_deadline_is_not_a_refusal():
         b.close()
 
 
+def test_a_peer_that_has_proven_itself_is_never_shed_for_load(monkeypatch):
+    """Load shedding drops the oldest connection still to prove itself: a real peer that answered
+    the challenge but whose hello is late (descheduled) stays, however many connections arrive.
+    Before, it was the oldest pending one, and was dropped after its answer: a failed send."""
+    import socket as socketlib
+
+    from rlinf.scheduler import security
+
+    monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
+    taken = []
+    gate = security.HandshakeGate(lambda conn, hello: (taken.append(hello), conn.sendall(security.ACCEPTED)),
+                                  name="rlinf-test", limit=2)
+    server = socketlib.create_server(("127.0.0.1", 0))
+    server.settimeout(10)
+    opened = []
+
+    def connect():
+        sock = socketlib.create_connection(server.getsockname(), timeout=10)
+        opened.append(sock)
+        gate.admit(server.accept()[0])
+        return sock
+
+    try:
+        real = connect()
+        deadline = time.monotonic() + 10
+        security.client_handshake(real, deadline)  # proven; its hello held back
+        idle = [connect() for _ in range(3)]  # one over the limit: the oldest unproven one goes
+        idle[0].settimeout(10)
+        while idle[0].recv(4096):  # its challenge, then the end (bounded by the timeout)
+            pass
+        security.send_hello(real, b'{"late": true}', deadline)
+        security.await_accepted(real, deadline)
+        assert taken == [b'{"late": true}']
+    finally:
+        gate.close()
+        server.close()
+        for sock in opened:
+            sock.close()
+
+
+@pytest.mark.parametrize("listener", ["drops it unanswered", "holds another secret"])
+def test_a_connection_dropped_before_its_verdict_is_made_again_but_a_refusal_is_final(monkeypatch, listener):
+    """The listener says when it refuses an answer; a connection dropped before its verdict (shed
+    under load, too slow to check it) is ``NotTaken``, and ``Communicator._connect`` makes it again."""
+    import socket as socketlib
+
+    from rlinf.scheduler import security
+
+    monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
+    a, b = socketlib.socketpair()
+
+    def serve():
+        deadline = time.monotonic() + 10
+        try:
+            if listener == "drops it unanswered":
+                b.sendall(security._MAGIC + b"n" * security._NONCE)
+                b.settimeout(10)
+                b.recv(4096)  # the answer, never checked
+            else:
+                security.server_handshake(b, deadline, key=b"another secret, 32 bytes long...")
+        except security.HandshakeError:
+            pass
+        finally:
+            b.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(security.HandshakeError) as info:
+            security.client_handshake(a, time.monotonic() + 10)
+        if listener == "drops it unanswered":
+            assert isinstance(info.value, security.NotTaken) and info.value.hello_sent is False
+        else:
+            assert not isinstance(info.value, security.NotTaken)
+            assert "refused this process" in str(info.value)
+    finally:
+        thread.join(10)
+        a.close()
+
+
+def test_many_peers_connecting_at_once_past_the_shedding_bound_all_get_through(monkeypatch):
+    """Two dozen peers connect at once to a listener that lets two wait to prove themselves: those
+    shed before they began or before their verdict connect again, and every one is taken."""
+    import json
+
+    from rlinf.scheduler.p2p.communicator import Communicator
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+
+    monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
+    got, cond = {}, threading.Condition()
+
+    def on_accept(link, hello):
+        def read():
+            frames = link.recv(time.monotonic() + 30)[1]
+            with cond:
+                got[json.loads(hello)["i"]] = bytes(frames[0])
+                cond.notify_all()
+
+        threading.Thread(target=read, daemon=True).start()
+
+    server = CpuTransport()
+    endpoint = server.listen(on_accept, "127.0.0.1")
+    server._gate._limit = 2  # far below the peers connecting at once
+    endpoint = dict(endpoint, host="another host")  # over TCP
+    client = CpuTransport()
+    errors = []
+
+    def peer(i):
+        try:
+            link = Communicator._connect(client, endpoint, json.dumps({"i": i}).encode(), time.monotonic() + 60)
+            link.send([b"from %d" % i], time.monotonic() + 30)
+        except Exception as exc:  # reported below
+            errors.append(f"{i}: {exc!r}")
+
+    threads = [threading.Thread(target=peer, args=(i,), daemon=True) for i in range(24)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        assert not errors
+        with cond:
+            assert cond.wait_for(lambda: len(got) == 24, 30)
+        assert got == {i: b"from %d" % i for i in range(24)}
+    finally:
+        server.close()
+        client.close()
+
+
 def test_connect_fails_when_the_listener_drops_the_connection_instead_of_taking_it(monkeypatch):
     """A connection the listener never takes (here ``on_accept`` closes it, as it does a malformed
     hello) makes ``connect`` fail: before, it returned, and what was sent on it was lost unreported."""

@@ -50,15 +50,19 @@ HANDSHAKE_TIMEOUT_ENV = "RLINF_HANDSHAKE_TIMEOUT"
 DEFAULT_HANDSHAKE_TIMEOUT = 5.0
 #: the largest hello a listener reads
 MAX_HELLO = 64 << 10
-#: handshakes one listener runs at once; past it the oldest pending one is dropped
+#: connections one listener lets wait to prove themselves; past it the oldest is dropped
 MAX_PENDING_HANDSHAKES = 64
 MIN_SECRET_CHARS = 16
 
-_MAGIC = b"RLINFA2\n"  # names the protocol and its version, so a stray client fails clearly (2: ACCEPTED)
+_MAGIC = b"RLINFA3\n"  # names the protocol and its version, so a stray client fails clearly (3: VERDICT)
 _NONCE = 32
 _DIGEST = hashlib.sha256().digest_size
 _HELLO_LEN = struct.Struct("<I")
 _UCRED = struct.Struct("3i")  # pid, uid, gid
+# The listener's verdict on the client's answer, before its own proof: a refusal is said, so that a
+# connection dropped unanswered (shed under load, or too slow) is one the client may make again.
+_PROVEN = b"\x06"
+_REFUSED = b"\x15"
 
 log = logging.getLogger("rlinf.security")
 
@@ -178,11 +182,14 @@ def check_peer_uid(sock: socket.socket) -> None:
         raise HandshakeError(f"the process at the other end (pid {creds[0]}) runs as uid {creds[1]}, not {os.getuid()}")
 
 
-def server_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] = None) -> None:
+def server_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] = None,
+                     proven: Optional[Callable[[], bool]] = None) -> None:
     """The listening side: prove the peer holds the cluster secret (``key``, default this process's), then prove we do.
 
     Raises ``HandshakeError`` (the caller closes the socket) if the peer is
-    another user (Unix sockets), answers wrongly, closes, or is too slow.
+    another user (Unix sockets), answers wrongly (told so before the close),
+    closes, or is too slow.  ``proven``: called once the peer's answer checks
+    out; False means the listener has dropped the connection meanwhile.
     """
     check_peer_uid(sock)
     key = key or cluster_secret()
@@ -191,8 +198,14 @@ def server_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
     reply = _recv_exact(sock, _NONCE + _DIGEST, deadline)
     theirs, proof = reply[:_NONCE], reply[_NONCE:]
     if not hmac.compare_digest(proof, _mac(key, b"client", challenge, theirs)):
+        try:  # said, so the client does not take it for a listener too busy to answer
+            _send_all(sock, _REFUSED, min(deadline, time.monotonic() + 1.0))
+        except (HandshakeError, OSError):
+            pass
         raise HandshakeError("the peer does not hold this cluster's secret")
-    _send_all(sock, _mac(key, b"server", theirs, challenge), deadline)
+    if proven is not None and not proven():
+        raise HandshakeError("dropped while its answer was checked")
+    _send_all(sock, _PROVEN + _mac(key, b"server", theirs, challenge), deadline)
 
 
 def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] = None) -> None:
@@ -214,14 +227,16 @@ def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
     ours = secrets.token_bytes(_NONCE)
     try:
         _send_all(sock, ours + _mac(key, b"client", challenge, ours), deadline)
-        proof = _recv_exact(sock, _DIGEST, deadline)
-    except _TimedOut as exc:  # slow to check our answer: a refusal closes at once
-        raise NotTaken(f"the listener did not answer in time ({exc})") from None
-    except HandshakeError as exc:
+        verdict = _recv_exact(sock, 1, deadline)
+    except (HandshakeError, OSError) as exc:  # unanswered: too slow to check our answer, or shed while it did
+        raise NotTaken(f"the listener did not answer ({exc})") from None
+    if verdict != _PROVEN:
         raise HandshakeError(
-            f"the listener refused this process ({exc}); both sides must hold the same cluster secret "
+            "the listener refused this process; both sides must hold the same cluster secret "
             f"({SECRET_ENV}, which a driver forwards to the workers it launches)"
-        ) from None
+            if verdict == _REFUSED else "the listener answered the handshake with something other than its verdict"
+        )
+    proof = _recv_exact(sock, _DIGEST, deadline)
     if not hmac.compare_digest(proof, _mac(key, b"server", ours, challenge)):
         raise HandshakeError("the listener does not hold this cluster's secret")
 
@@ -278,16 +293,19 @@ def describe_peer(sock: socket.socket) -> str:
 
 
 class HandshakeGate:
-    """The server side of the handshake for one listener, with a bound on handshakes in flight.
+    """The server side of the handshake for one listener, with a bound on unproven handshakes in flight.
 
     ``admit(conn)`` for each accepted connection: a thread authenticates it
     (``server_handshake``) and reads its hello (``recv_hello``) under one
     deadline, then calls ``on_ready(conn, hello)`` on that thread.  A refused,
     malformed or slow connection is closed and logged at DEBUG level; it never
-    reaches ``on_ready``.  At most ``limit`` handshakes run at once: when a
-    connection arrives with all of them busy, the oldest pending one (an idle
-    connection, most likely: a real peer finishes in one round trip) is
+    reaches ``on_ready``.  At most ``limit`` connections wait to prove
+    themselves at once: when one more arrives, the oldest of them (an idle
+    connection, most likely: a real peer answers in one round trip) is
     dropped, so a burst of idle connections delays real peers by nothing.
+    A connection whose answer checked out is never dropped for load: it holds
+    the cluster's secret (hundreds of real peers connecting at once), and
+    a real peer dropped unanswered connects again.
     """
 
     def __init__(self, on_ready: Callable[[socket.socket, bytes], None], name: str = "rlinf",
@@ -299,7 +317,8 @@ class HandshakeGate:
         self._limit = limit
         self._timeout = handshake_timeout()
         self._key = cluster_secret()  # fixed for the listener's life
-        self._pending: "collections.OrderedDict[socket.socket, float]" = collections.OrderedDict()
+        self._unproven: "collections.OrderedDict[socket.socket, None]" = collections.OrderedDict()
+        self._proven: set = set()  # answered correctly; hello not read yet
         self._lock = threading.Lock()
         self._closed = False
 
@@ -315,36 +334,47 @@ class HandshakeGate:
             if self._closed:
                 conn.close()
                 return
-            if len(self._pending) >= self._limit:
-                oldest, _ = self._pending.popitem(last=False)
-                log.debug("%s: %d handshakes pending; dropping the oldest (%s)", self._name, self._limit,
+            if len(self._unproven) >= self._limit:
+                oldest, _ = self._unproven.popitem(last=False)
+                log.debug("%s: %d handshakes unproven; dropping the oldest (%s)", self._name, self._limit,
                           describe_peer(oldest))
                 _abort(oldest)
-            self._pending[conn] = time.monotonic()
+            self._unproven[conn] = None
         try:
             threading.Thread(target=self._run, args=(conn,), name=f"{self._name}-handshake", daemon=True).start()
         except RuntimeError as exc:  # no thread to be had: refuse this one, keep accepting
             with self._lock:
-                self._pending.pop(conn, None)
+                self._unproven.pop(conn, None)
             conn.close()
             log.debug("%s: refused a connection: %s", self._name, exc)
+
+    def _prove(self, conn: socket.socket) -> bool:
+        """The answer checked out: out of reach of load shedding (False if it was dropped already)."""
+        with self._lock:
+            if conn not in self._unproven:  # dropped by admit() or close()
+                return False
+            del self._unproven[conn]
+            self._proven.add(conn)
+            return True
 
     def _run(self, conn: socket.socket) -> None:
         deadline = time.monotonic() + self._timeout
         who = describe_peer(conn)
         try:
-            server_handshake(conn, deadline, self._key)
+            server_handshake(conn, deadline, self._key, proven=lambda: self._prove(conn))
             hello = recv_hello(conn, deadline)
         except Exception as exc:  # refused, malformed, slow or dropped: the connection ends here
             with self._lock:
-                self._pending.pop(conn, None)
+                self._unproven.pop(conn, None)
+                self._proven.discard(conn)
             conn.close()
             log.debug("%s: refused a connection from %s: %s", self._name, who, _reason(exc))
             return
         with self._lock:
-            if self._pending.pop(conn, None) is None:  # dropped by admit() or close() meanwhile
+            if conn not in self._proven:  # ended by close() meanwhile
                 conn.close()
                 return
+            self._proven.discard(conn)
         try:
             self._on_ready(conn, hello)
         except Exception:
@@ -355,7 +385,8 @@ class HandshakeGate:
         """Stop admitting; end the handshakes in flight."""
         with self._lock:
             self._closed = True
-            pending, self._pending = list(self._pending), collections.OrderedDict()
+            pending = list(self._unproven) + list(self._proven)
+            self._unproven, self._proven = collections.OrderedDict(), set()
         for conn in pending:
             _abort(conn)
 
