@@ -90,7 +90,7 @@ def main() -> None:
         from rlinf.scheduler import security
 
         try:
-            security.client_handshake(s, time.monotonic() + 10)
+            security.client_handshake(s, time.monotonic() + 10, listener=spec["listener"])
             out["accepted"] = True
         except security.HandshakeError as exc:
             out["accepted"] = False

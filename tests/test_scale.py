@@ -435,7 +435,7 @@ def test_a_peer_that_has_proven_itself_is_never_shed_for_load(monkeypatch):
     try:
         real = connect()
         deadline = time.monotonic() + 10
-        security.client_handshake(real, deadline)  # proven; its hello held back
+        security.client_handshake(real, deadline, listener=gate.listener_id)  # proven; its hello held back
         idle = [connect() for _ in range(3)]  # one over the limit: the oldest unproven one goes
         idle[0].settimeout(10)
         while idle[0].recv(4096):  # its challenge, then the end (bounded by the timeout)

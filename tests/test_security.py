@@ -78,7 +78,7 @@ def endpoint(cluster, group_name: str, rank: int) -> dict:
 
 
 def target(ep: dict, family: str, tmp_path, mode: str, **extra) -> dict:
-    spec = {"mode": mode, "family": family, "tcp": ep["tcp"], "unix": ep["unix"],
+    spec = {"mode": mode, "family": family, "tcp": ep["tcp"], "unix": ep["unix"], "listener": ep["listener"],
             "marker": str(tmp_path / f"pwned-{uuid.uuid4().hex[:6]}"), **extra}
     return spec
 
@@ -236,7 +236,8 @@ def outsider(secret):
     env = {k: v for k, v in os.environ.items() if k != "RLINF_CLUSTER_SECRET"}
     if secret:
         env["RLINF_CLUSTER_SECRET"] = secret
-    spec = {"mode": "handshake", "family": "tcp", "tcp": ep["tcp"], "unix": ep["unix"], "marker": "-",
+    spec = {"mode": "handshake", "family": "tcp", "tcp": ep["tcp"], "unix": ep["unix"], "listener": ep["listener"],
+            "marker": "-",
             "hello": {"src": "visitor:0", "transport": "cpu"}, "wait": 1.0}
     out = subprocess.run([sys.executable, OUTSIDER, json.dumps(spec)], env=env, capture_output=True, text=True, timeout=60)
     return json.loads(out.stdout.strip().splitlines()[-1])["accepted"]
@@ -306,3 +307,67 @@ def test_the_cpu_transport_forgets_links_once_they_are_closed():
     finally:
         server.close()
         client.close()
+
+
+def test_a_relay_on_a_dead_peers_port_gets_no_link_to_a_live_listener():
+    """A process without the secret takes over a dead peer's port; a worker that still has the old
+    endpoint dials it, and the relay passes the handshake on to a live listener, byte for byte.  The
+    worker's answer was made for the listener it meant to dial, so the live one refuses it.  Before,
+    the relay came out holding an authenticated link to the live listener, under a name of its choosing,
+    on which the next pickle it sent would have been run."""
+    import threading
+
+    from rlinf.scheduler import security
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+
+    taken = []
+    live = CpuTransport()
+    live_endpoint = live.listen(lambda link, hello: taken.append(hello), "127.0.0.1")
+    relay_server = socket.create_server(("127.0.0.1", 0))
+    relay_server.settimeout(10)
+    pumps = []
+
+    def pump(src, dst):
+        try:
+            while True:  # bounded by the sockets' timeouts
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def relay():
+        victim, _ = relay_server.accept()
+        upstream = socket.create_connection(tuple(live_endpoint["tcp"]), timeout=10)
+        victim.settimeout(10)
+        for a, b in ((victim, upstream), (upstream, victim)):
+            t = threading.Thread(target=pump, args=(a, b), daemon=True)
+            t.start()
+            pumps.append((t, a))
+
+    relaying = threading.Thread(target=relay, daemon=True)
+    relaying.start()
+    dead_peer = {"tcp": list(relay_server.getsockname()), "host": "another host", "pid": 0,
+                 "listener": security.new_listener_id()}
+    worker = CpuTransport()
+    try:
+        with pytest.raises(security.HandshakeError) as info:
+            worker.connect(dead_peer, b'{"src": "a worker"}', time.monotonic() + 10)
+        assert not isinstance(info.value, security.NotTaken)  # refused: the sender looks its peer up again
+        assert "refused" in str(info.value)
+        relaying.join(10)
+        for t, _ in pumps:
+            t.join(10)
+        assert taken == []
+    finally:
+        worker.close()
+        live.close()
+        relay_server.close()
+        for _, sock in pumps:
+            sock.close()

@@ -169,14 +169,15 @@ class PlainTcpTransport(Transport):
                 gate.admit(conn)  # authenticates on a thread of its own, a bounded number at once
 
         threading.Thread(target=accept_loop, name="plaintcp-accept", daemon=True).start()
-        return {"host": local_ip, "port": server.getsockname()[1]}
+        # the gate's id goes into the endpoint: connecting sides bind their handshake to it
+        return {"host": local_ip, "port": server.getsockname()[1], "listener": gate.listener_id}
 
     def connect(self, endpoint, hello, deadline):
         left = None if deadline is None else max(0.001, deadline - time.monotonic())
         sock = socket.create_connection((endpoint["host"], endpoint["port"]), timeout=left)
         try:
             limit = security.handshake_deadline(deadline)
-            security.client_handshake(sock, limit)
+            security.client_handshake(sock, limit, listener=endpoint["listener"])
             security.send_hello(sock, hello, limit)
             security.await_accepted(sock, limit)  # before the link's reader thread owns the socket
         except BaseException:

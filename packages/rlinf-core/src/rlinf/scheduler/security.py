@@ -14,13 +14,17 @@ listener admits only processes of its own cluster:
 * Before a single byte of a hello or payload is read, both sides prove that
   they hold the secret: a mutual challenge-response with HMAC-SHA256 over
   fresh random nonces, compared in constant time (the scheme of
-  ``multiprocessing.connection``'s authkey, in both directions).  The handshake
-  has a deadline and the hello after it a size limit.
+  ``multiprocessing.connection``'s authkey, in both directions).  Both proofs
+  also cover the id the listener published in its endpoint, so an answer
+  cannot be relayed to another listener by a process that took over a dead
+  peer's port and was dialled in its place.  The handshake has a deadline
+  and the hello after it a size limit.
 * On a Unix socket the listener first checks the peer's uid (``SO_PEERCRED``):
   another user's process is refused before the challenge.
 * ``HandshakeGate`` runs the server side for a listener with a bounded number
-  of handshakes in flight, so a flood of idle connections costs neither
-  threads nor descriptors without limit.
+  of unproven handshakes in flight, so a flood of idle connections from
+  processes without the secret costs neither threads nor descriptors without
+  limit.
 
 A transport (built in or third party) calls ``HandshakeGate.admit`` for each
 accepted connection and ``client_handshake`` + ``send_hello`` on each
@@ -74,9 +78,9 @@ class HandshakeError(ConnectionError):
 class NotTaken(HandshakeError):
     """The listener did not take the connection in time: it was too slow to begin the handshake,
     to answer it, or to take the connection once the hello arrived (a burst of hundreds of
-    handshakes on a loaded machine), or it dropped the connection before beginning.  Nothing
-    was sent on it but the handshake, so connecting again is safe, unlike after a refusal (a
-    listener that closes on our answer, or proves another secret).
+    handshakes on a loaded machine), or it dropped the connection before its verdict on our
+    answer (shed under load).  Nothing was sent on it but the handshake, so connecting again
+    is safe, unlike after a refusal (the listener's verdict, or a proof of another secret).
 
     ``hello_sent``: whether the hello went out first.  If it did, the listener
     may still take the connection late (and find it empty); if not, it never
@@ -161,9 +165,15 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
         raise _TimedOut("the handshake did not complete before its deadline") from None
 
 
-def _mac(key: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
-    # the role label keeps a proof made as a client from being replayed as a server's, and vice versa
-    return hmac.new(key, role + first + second, hashlib.sha256).digest()
+def _mac(key: bytes, role: bytes, first: bytes, second: bytes, listener: bytes) -> bytes:
+    # the role label keeps a proof made as a client from being replayed as a server's, and vice
+    # versa; the listener's id keeps an answer made for one listener from being relayed to another
+    return hmac.new(key, role + first + second + b"|" + listener, hashlib.sha256).digest()
+
+
+def new_listener_id() -> str:
+    """A random name for one listener, published in its endpoint and bound into its handshakes."""
+    return secrets.token_hex(16)
 
 
 # -- the handshake ----------------------------------------------------------------------
@@ -183,13 +193,16 @@ def check_peer_uid(sock: socket.socket) -> None:
 
 
 def server_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] = None,
-                     proven: Optional[Callable[[], bool]] = None) -> None:
+                     proven: Optional[Callable[[], bool]] = None, listener: str = "") -> None:
     """The listening side: prove the peer holds the cluster secret (``key``, default this process's), then prove we do.
 
     Raises ``HandshakeError`` (the caller closes the socket) if the peer is
     another user (Unix sockets), answers wrongly (told so before the close),
     closes, or is too slow.  ``proven``: called once the peer's answer checks
     out; False means the listener has dropped the connection meanwhile.
+    ``listener``: this listener's id (``new_listener_id``), which the client
+    must name: an answer relayed from a client that dialled another listener
+    (a process that took over a dead peer's port) does not check out.
     """
     check_peer_uid(sock)
     key = key or cluster_secret()
@@ -197,7 +210,7 @@ def server_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
     _send_all(sock, _MAGIC + challenge, deadline)
     reply = _recv_exact(sock, _NONCE + _DIGEST, deadline)
     theirs, proof = reply[:_NONCE], reply[_NONCE:]
-    if not hmac.compare_digest(proof, _mac(key, b"client", challenge, theirs)):
+    if not hmac.compare_digest(proof, _mac(key, b"client", challenge, theirs, listener.encode())):
         try:  # said, so the client does not take it for a listener too busy to answer
             _send_all(sock, _REFUSED, min(deadline, time.monotonic() + 1.0))
         except (HandshakeError, OSError):
@@ -205,13 +218,14 @@ def server_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
         raise HandshakeError("the peer does not hold this cluster's secret")
     if proven is not None and not proven():
         raise HandshakeError("dropped while its answer was checked")
-    _send_all(sock, _PROVEN + _mac(key, b"server", theirs, challenge), deadline)
+    _send_all(sock, _PROVEN + _mac(key, b"server", theirs, challenge, listener.encode()), deadline)
 
 
-def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] = None) -> None:
+def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] = None, listener: str = "") -> None:
     """The connecting side: answer the listener's challenge and check its proof in turn.
 
     ``key`` defaults to the cluster secret (the status listener uses a token of its own).
+    ``listener``: the id the endpoint we dial published (``HandshakeGate.listener_id``).
     Raises ``HandshakeError`` if the listener is not an rlinf listener of this
     cluster (another secret, another user, another program).
     """
@@ -226,18 +240,19 @@ def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
     challenge = head[len(_MAGIC):]
     ours = secrets.token_bytes(_NONCE)
     try:
-        _send_all(sock, ours + _mac(key, b"client", challenge, ours), deadline)
+        _send_all(sock, ours + _mac(key, b"client", challenge, ours, listener.encode()), deadline)
         verdict = _recv_exact(sock, 1, deadline)
     except (HandshakeError, OSError) as exc:  # unanswered: too slow to check our answer, or shed while it did
         raise NotTaken(f"the listener did not answer ({exc})") from None
     if verdict != _PROVEN:
         raise HandshakeError(
-            "the listener refused this process; both sides must hold the same cluster secret "
-            f"({SECRET_ENV}, which a driver forwards to the workers it launches)"
+            "the listener refused this process: both sides must hold the same cluster secret "
+            f"({SECRET_ENV}, which a driver forwards to the workers it launches), and the listener must "
+            "be the one the endpoint named (not a process that took over its port since)"
             if verdict == _REFUSED else "the listener answered the handshake with something other than its verdict"
         )
     proof = _recv_exact(sock, _DIGEST, deadline)
-    if not hmac.compare_digest(proof, _mac(key, b"server", ours, challenge)):
+    if not hmac.compare_digest(proof, _mac(key, b"server", ours, challenge, listener.encode())):
         raise HandshakeError("the listener does not hold this cluster's secret")
 
 
@@ -317,6 +332,8 @@ class HandshakeGate:
         self._limit = limit
         self._timeout = handshake_timeout()
         self._key = cluster_secret()  # fixed for the listener's life
+        #: publish it in the listener's endpoint: a connecting side names it in ``client_handshake``
+        self.listener_id = new_listener_id()
         self._unproven: "collections.OrderedDict[socket.socket, None]" = collections.OrderedDict()
         self._proven: set = set()  # answered correctly; hello not read yet
         self._lock = threading.Lock()
@@ -361,7 +378,7 @@ class HandshakeGate:
         deadline = time.monotonic() + self._timeout
         who = describe_peer(conn)
         try:
-            server_handshake(conn, deadline, self._key, proven=lambda: self._prove(conn))
+            server_handshake(conn, deadline, self._key, proven=lambda: self._prove(conn), listener=self.listener_id)
             hello = recv_hello(conn, deadline)
         except Exception as exc:  # refused, malformed, slow or dropped: the connection ends here
             with self._lock:

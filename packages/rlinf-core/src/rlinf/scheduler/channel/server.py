@@ -20,7 +20,7 @@ keys that are empty and unwaited are dropped, so bookkeeping does not grow
 with the number of keys ever used.
 
 Connections arrive already authenticated: the transport's handshake gate
-(``security.HandshakeGate``, a small bounded pool) checks the peer before
+(``security.HandshakeGate``, threads bounded for unproven peers) checks the peer before
 the link exists, never on the loop.  Links that offer no descriptor to wait
 on (``Link.poll_fd`` is None: TCP links with a read-ahead thread, links of
 other transports) are read by a thread of their own that hands each request

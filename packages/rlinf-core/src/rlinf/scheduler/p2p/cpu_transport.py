@@ -762,6 +762,7 @@ class CpuTransport(Transport):
             "unix": unix_name[1:],
             "host": _host_id(),
             "pid": os.getpid(),
+            "listener": self._gate.listener_id,  # bound into every handshake with this listener
         }
 
     def _accept_loop(self) -> None:
@@ -783,7 +784,7 @@ class CpuTransport(Transport):
                         conn, _ = key.fileobj.accept()
                     except OSError:
                         continue
-                    self._gate.admit(conn)  # bounded: never more than a few dozen handshakes in flight
+                    self._gate.admit(conn)  # bounded: never more than a few dozen unproven handshakes in flight
         finally:
             self._selector.close()
             with self._lock:  # close() writes to the pipe only while it is ours
@@ -808,7 +809,12 @@ class CpuTransport(Transport):
     def _track(self, link: SocketLink) -> SocketLink:
         link.add_close_callback(self._forget)
         with self._lock:
-            self._links.add(link)
+            closed = self._stop.is_set()
+            if not closed:
+                self._links.add(link)
+        if closed:  # a handshake that finished while close() ran: its link would outlive the transport
+            link.close()
+            raise ConnectionError("the transport was closed")
         return link
 
     def _forget(self, link: SocketLink) -> None:
@@ -837,7 +843,7 @@ class CpuTransport(Transport):
             _tune(sock, not local)
             # bounded by the handshake timeout even when the operation has no deadline
             limit = security.handshake_deadline(deadline)
-            security.client_handshake(sock, limit)
+            security.client_handshake(sock, limit, listener=endpoint.get("listener", ""))
             security.send_hello(sock, hello, limit)
             security.await_accepted(sock, limit)  # taken, and so in order with our next connection
         except BaseException:

@@ -45,8 +45,9 @@ Rules a plugin follows:
 * Every listener authenticates its peer before it reads a byte of hello or
   payload, with ``rlinf.scheduler.security``: pass each accepted socket to a
   ``HandshakeGate`` (uid check on Unix sockets, mutual HMAC challenge on the
-  cluster secret, bounded hello, deadline, bounded handshakes in flight) and
-  run ``client_handshake`` + ``send_hello`` on each socket you connect.
+  cluster secret, bounded hello, deadline, bounded handshakes in flight),
+  publish its ``listener_id`` in your endpoint and run ``client_handshake``
+  (naming that id) + ``send_hello`` on each socket you connect.
   ``Transport.connect`` returns only once the listener took the connection
   (``security.ACCEPTED`` / ``await_accepted``): that keeps a sender's
   reconnections, and so its messages, in order.
