@@ -539,6 +539,91 @@ def test_many_peers_connecting_at_once_past_the_shedding_bound_all_get_through(m
         client.close()
 
 
+def test_bytes_that_arrived_while_the_reader_was_descheduled_still_count():
+    """A process descheduled past its handshake deadline between two steps (the 128-worker
+    all-to-all on 2 cores) takes what has already arrived (one last look) rather than failing a
+    handshake the other side completed; a read that still lacks bytes then fails, at once."""
+    import socket as socketlib
+
+    from rlinf.scheduler import security
+
+    a, b = socketlib.socketpair()
+    try:
+        b.sendall(b"x" * 40)
+        assert security._recv_exact(a, 40, time.monotonic() - 1) == b"x" * 40
+        b.sendall(b"y" * 10)
+        start = time.monotonic()
+        with pytest.raises(security.HandshakeError, match="deadline"):
+            security._recv_exact(a, 20, time.monotonic() - 1)
+        assert time.monotonic() - start < 1
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("family", ["tcp", "unix"])
+def test_a_link_reset_by_a_sender_that_gave_up_on_it_ends_like_a_closed_one(monkeypatch, family):
+    """A sender that gave up waiting for the acknowledgement closes the connection with it unread,
+    and its kernel resets the connection.  The listener took it late; reading it must end it
+    (``LinkClosed``: the receiver goes on to the sender's next link), not report the peer dead,
+    as it did in the 128-worker all-to-all."""
+    import socket as socketlib
+    import struct
+
+    from rlinf.scheduler import security
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.p2p.transport import LinkClosed
+
+    monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
+    taken, cond = [], threading.Condition()
+
+    def on_accept(link, hello):
+        with cond:
+            taken.append(link)
+            cond.notify_all()
+
+    server = CpuTransport()
+    endpoint = server.listen(on_accept, "127.0.0.1")
+    if family == "tcp":
+        sock = socketlib.create_connection(tuple(endpoint["tcp"]), timeout=10)
+    else:
+        sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect("\0" + endpoint["unix"])
+    try:
+        deadline = time.monotonic() + 10
+        security.client_handshake(sock, deadline, listener=endpoint["listener"])
+        security.send_hello(sock, b"{}", deadline)
+        with cond:
+            assert cond.wait_for(lambda: taken, 10)
+        time.sleep(0.2)  # the acknowledgement is in our socket, unread
+        sock.setsockopt(socketlib.SOL_SOCKET, socketlib.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        sock.close()
+        with pytest.raises(LinkClosed):
+            taken[0].recv(time.monotonic() + 10)
+    finally:
+        sock.close()
+        server.close()
+
+
+def test_a_hello_to_a_listener_that_already_dropped_the_connection_is_not_a_refusal():
+    """The listener's own handshake deadline passed (its thread, or we, descheduled) and it closed the
+    connection before our hello: the send fails with a broken pipe or a reset.  It never takes that
+    connection, so it is ``NotTaken`` (hello not sent), made again, not a failed send."""
+    import socket as socketlib
+
+    from rlinf.scheduler import security
+
+    a, b = socketlib.socketpair()
+    try:
+        b.close()
+        with pytest.raises(security.NotTaken) as info:
+            security.send_hello(a, b"{}", time.monotonic() + 10)
+        assert info.value.hello_sent is False
+    finally:
+        a.close()
+
+
 def test_connect_fails_when_the_listener_drops_the_connection_instead_of_taking_it(monkeypatch):
     """A connection the listener never takes (here ``on_accept`` closes it, as it does a malformed
     hello) makes ``connect`` fail: before, it returned, and what was sent on it was lost unreported."""

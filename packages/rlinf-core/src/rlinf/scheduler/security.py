@@ -134,19 +134,29 @@ def handshake_deadline(deadline: Optional[float] = None) -> float:
 
 
 # -- bounded socket I/O ----------------------------------------------------------------
-def _settimeout(sock: socket.socket, deadline: float) -> None:
+#: past the deadline, a read takes one last look this long: bytes that arrived while this process
+#: was descheduled between two steps (hundreds of handshakes at once on 2 cores) still count.
+#: A send is never late: what it sends past the deadline, the other side may no longer take.
+_LAST_LOOK = 0.001
+
+
+def _settimeout(sock: socket.socket, deadline: float, looked: bool = True) -> bool:
+    """Set the socket's timeout to what is left.  Past the deadline: ``_TimedOut`` if the last look
+    was ``looked`` at already (always, for a send), else a timeout of ``_LAST_LOOK`` and True."""
     left = deadline - time.monotonic()
-    if left <= 0:
+    if left <= 0 and looked:
         raise _TimedOut("the handshake did not complete before its deadline")
-    sock.settimeout(left)
+    sock.settimeout(max(left, _LAST_LOOK))
+    return left <= 0
 
 
 def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     buf = bytearray(n)
     view = memoryview(buf)
     pos = 0
-    while pos < n:
-        _settimeout(sock, deadline)
+    looked = False
+    while pos < n:  # bounded: past the deadline, one more read at most
+        looked = _settimeout(sock, deadline, looked)
         try:
             got = sock.recv_into(view[pos:])
         except socket.timeout:
@@ -233,7 +243,7 @@ def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
     key = key or cluster_secret()
     try:
         head = _recv_exact(sock, len(_MAGIC) + _NONCE, deadline)
-    except HandshakeError as exc:  # it has not begun: too busy to start a handshake, or it shed us first
+    except (HandshakeError, OSError) as exc:  # it has not begun: too busy to begin, or it shed us first
         raise NotTaken(f"the listener did not begin the handshake ({exc})") from None
     if head[: len(_MAGIC)] != _MAGIC:
         raise HandshakeError("the listener did not start an rlinf handshake (another program, or another rlinf version)")
@@ -251,7 +261,10 @@ def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
             "be the one the endpoint named (not a process that took over its port since)"
             if verdict == _REFUSED else "the listener answered the handshake with something other than its verdict"
         )
-    proof = _recv_exact(sock, _DIGEST, deadline)
+    try:
+        proof = _recv_exact(sock, _DIGEST, deadline)  # sent with the verdict
+    except (HandshakeError, OSError) as exc:  # no hello went out: the listener drops it unused
+        raise NotTaken(f"the listener's proof did not arrive ({exc})") from None
     if not hmac.compare_digest(proof, _mac(key, b"server", ours, challenge, listener.encode())):
         raise HandshakeError("the listener does not hold this cluster's secret")
 
@@ -264,6 +277,8 @@ def send_hello(sock: socket.socket, hello: bytes, deadline: float) -> None:
         _send_all(sock, _HELLO_LEN.pack(len(hello)) + bytes(hello), deadline)
     except _TimedOut as exc:  # this side was too slow (descheduled): the listener never takes a partial hello
         raise NotTaken(f"the hello did not go out in time ({exc})") from None
+    except OSError as exc:  # the listener dropped it first (its own deadline passed): it never takes it
+        raise NotTaken(f"the listener dropped the connection before the hello ({exc})") from None
 
 
 def recv_hello(sock: socket.socket, deadline: float) -> bytes:
@@ -289,7 +304,7 @@ def await_accepted(sock: socket.socket, deadline: float) -> None:
     """
     try:
         got = _recv_exact(sock, 1, deadline)
-    except HandshakeError as exc:
+    except (HandshakeError, OSError) as exc:
         raise NotTaken(f"the listener did not take the connection ({exc})", hello_sent=True) from None
     if got != ACCEPTED:
         raise HandshakeError("the listener answered the hello with something other than its acknowledgement")

@@ -377,6 +377,12 @@ class SocketLink(Link):
                 break
             except (BlockingIOError, InterruptedError):
                 self._wait(self._poll_in, deadline, spun)
+            except ConnectionResetError:
+                # an end, like a close: the kernel reports a reset only after every byte that came
+                # before it was read, and a sender that gave up on a connection the listener took
+                # late closes it with the acknowledgement unread, which resets it
+                n = 0
+                break
         if n == 0:
             self._closed(self._rend != self._rstart)
         self._rend += n
@@ -401,6 +407,8 @@ class SocketLink(Link):
             except (BlockingIOError, InterruptedError):
                 self._wait(self._poll_in, deadline, spun)
                 continue
+            except ConnectionResetError:
+                n = 0
             if n == 0:
                 self._closed(True)
             pos += n
