@@ -132,30 +132,46 @@ class Sleeper(Worker):
             time.sleep(0.05)
         return 1
 
-flag = sys.argv[1]
+flag, where = sys.argv[1], sys.argv[2]
 g = Sleeper.create_group().launch(Cluster(), name="mpi_status")
 running = g.nap(flag)
 time.sleep(0.5)
 env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith(("PMI_", "MPI", "HYDRA"))}
-p = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status", "--json"], capture_output=True, text=True,
-                   env=env, timeout=60)
+command = [sys.executable, "-m", "rlinf.scheduler", "status", "--json"]
+if where == "elsewhere":  # another hostname, and rank 0's pid out of sight: as from another node
+    command = ["unshare", "--uts", "--pid", "--fork", "sh", "-c", 'hostname elsewhere && exec "$@"', "sh"] + command
+p = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
 print("STATUS", json.dumps({"code": p.returncode, "out": p.stdout, "err": p.stderr[-2000:]}))
 open(flag, "w").close()
 assert running.wait() == [1]
 '''
 
 
+def _can_unshare() -> bool:
+    try:
+        return subprocess.run(["unshare", "--uts", "--pid", "--fork", "true"], capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 @pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="starts an MPI job of its own")
 @pytest.mark.timeout(200)
-def test_status_of_an_mpi_job(tmp_path):
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
+def test_status_of_an_mpi_job(tmp_path, where):
+    """From rank 0's machine, and from another one that shares the status directory (``RLINF_STATUS_DIR``
+    on a shared filesystem): there rank 0's pid cannot be checked, and the job is listed all the same."""
     from test_mpi import MPIEXEC, mpirun
 
     if MPIEXEC is None:
         pytest.skip("needs mpi4py and an mpiexec (pip install mpi4py mpich)")
+    if where == "elsewhere" and not _can_unshare():
+        pytest.skip("needs unshare with UTS and PID namespaces (root) to look from another hostname")
     program = tmp_path / "program.py"
     program.write_text(MPI_PROGRAM)
     status_dir = tmp_path / "status"
-    code, out, _ = mpirun(2, [str(program), str(tmp_path / "flag")], timeout=150, RLINF_STATUS_DIR=str(status_dir))
+    code, out, _ = mpirun(2, [str(program), str(tmp_path / "flag"), where], timeout=150,
+                          RLINF_STATUS_DIR=str(status_dir))
     assert code == 0, out[-4000:]
     line = next(ln for ln in out.splitlines() if ln.startswith("STATUS "))
     result = json.loads(line[len("STATUS "):])

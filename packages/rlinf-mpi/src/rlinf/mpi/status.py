@@ -2,12 +2,14 @@
 
 There is no cluster service to ask, so rank 0 writes its group registry
 (names, classes, each worker's info and status listener) as JSON to
-``<status dir>/mpi-<pid>.json`` whenever a group is registered or released,
-and removes it when the program ends.  The directory is the user's own
-(mode 0700, see ``rlinf.scheduler.status_dir``) and the file mode 0600: the
-workers' status tokens in it stay the user's.  A status process reads the
-files of jobs whose rank 0 still runs on this machine; JSON only, nothing is
-unpickled.
+``<status dir>/mpi-<host>-<pid>.json`` whenever a group is registered or
+released, and removes it when the program ends.  The directory is the user's
+own (mode 0700, see ``rlinf.scheduler.status_dir``) and the file mode 0600:
+the workers' status tokens in it stay the user's.  A status process reads
+the files of jobs whose rank 0 still runs, if on this machine; a directory
+on a filesystem the nodes share (``RLINF_STATUS_DIR``) also shows the jobs
+whose rank 0 runs on another one, whose pid cannot be checked from here.
+JSON only, nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import atexit
 import glob
 import json
 import os
+import socket
 import tempfile
 from typing import Optional
 
@@ -37,12 +40,12 @@ def _worker(record) -> dict:
 def publish(records) -> None:
     """Rank 0: write the job's groups (called with the registry's lock held, so writes do not interleave)."""
     global _path
-    body = {"launcher": "mpi", "pid": os.getpid(),
+    body = {"launcher": "mpi", "pid": os.getpid(), "host": socket.gethostname(),
             "groups": [{"name": r.name, "class": r.class_name, "workers": [_worker(w) for w in r.workers]}
                        for r in records]}
     try:
         directory = private_status_dir(create=True)
-        path = os.path.join(directory, f"mpi-{os.getpid()}.json")
+        path = os.path.join(directory, f"mpi-{socket.gethostname()}-{os.getpid()}.json")
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".mpi-", suffix=".tmp")  # mode 0600
         with os.fdopen(fd, "w") as f:
             json.dump(body, f)
@@ -75,7 +78,7 @@ def _alive(pid: int) -> bool:
 
 
 def running_groups(timeout: float) -> Optional[dict]:
-    """The groups of the MPI jobs of this user on this machine; None if there is none."""
+    """The groups of the MPI jobs of this user that the status directory shows; None if there is none."""
     try:
         directory = private_status_dir(create=False)
     except FileNotFoundError:
@@ -83,15 +86,20 @@ def running_groups(timeout: float) -> Optional[dict]:
     except PermissionError as exc:
         raise RuntimeError(str(exc)) from None
     groups, jobs = [], []
+    here = socket.gethostname()
     for path in sorted(glob.glob(os.path.join(directory, "mpi-*.json"))):
         try:
             with open(path) as f:
                 body = json.load(f)
         except (OSError, ValueError):
             continue
-        if not _alive(int(body.get("pid", 0))):
-            continue  # a job that ended without cleaning up
-        jobs.append(str(body["pid"]))
+        host = body.get("host", here)
+        if host == here:
+            if not _alive(int(body.get("pid", 0))):
+                continue  # a job that ended without cleaning up
+            jobs.append(str(body["pid"]))
+        else:  # a shared directory: its workers' listeners say whether it still runs
+            jobs.append(f"{body['pid']} on {host}")
         for g in body.get("groups", []):
             workers = []
             for w in g["workers"]:
