@@ -234,6 +234,24 @@ def test_async_work_api(pair):
     assert (x, doubled, done) == (21, 42, True) and ticks >= 5, ticks
 
 
+def test_wait_reraises_the_operations_own_timeout_not_a_timeout_of_its_own():
+    """An async operation that failed with its own timeout (``CommTimeoutError``, which names the
+    peer) is re-raised by ``wait()`` as it is: before, ``wait()`` took it for its own timeout and
+    said "not finished after None s", losing the peer and the cause."""
+    import concurrent.futures
+
+    from rlinf.scheduler.errors import CommTimeoutError
+    from rlinf.scheduler.p2p.async_work import AsyncWork
+
+    failed = concurrent.futures.Future()
+    failed.set_exception(CommTimeoutError("g:0: sending to worker 'h:1' timed out after 5 s", peer="h:1"))
+    with pytest.raises(CommTimeoutError, match="h:1"):
+        AsyncWork(failed, "sending to 'h:1'").wait()
+    pending = AsyncWork(concurrent.futures.Future(), "sending to 'h:1'")
+    with pytest.raises(TimeoutError, match="not finished after 0.1 s"):
+        pending.wait(0.1)
+
+
 def test_transport_selection(launch):
     """An explicit transport is used for that pair (own groups: a pair keeps the transport it started with)."""
     a = launch(Peer, placement=NodePlacementStrategy([0]), name="sel_a")

@@ -57,7 +57,9 @@ class AsyncWork:
         timeout = config.check_timeout(timeout)
         try:
             return self._future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except concurrent.futures.TimeoutError:  # the builtin TimeoutError since Python 3.11
+            if self._future.done():
+                raise  # the operation's own (a CommTimeoutError names its peer), not this wait's
             raise TimeoutError(f"{self._describe} not finished after {timeout} s") from None
 
     async def async_wait(self) -> Any:
