@@ -508,8 +508,11 @@ class Communicator:
         except TimeoutError as exc:
             detail = str(exc)
             detail = f" ({detail})" if detail and detail not in ("deadline passed", "timed out") else ""
+            left = deadline - time.monotonic()
+            when = (f"timed out after {timeout:g} s" if left <= 1.0 else  # else a step with a limit of its own
+                    f"timed out {timeout - left:.1f} s in, {left:.0f} s before its deadline: {type(exc).__name__}")
             raise CommTimeoutError(
-                f"{self.name}: {what} {self._describe(peer)} timed out after {timeout:g} s{detail}",
+                f"{self.name}: {what} {self._describe(peer)} {when}{detail}",
                 peer=peer.get_name(),
             ) from None
         except (ConnectionError, OSError) as exc:
