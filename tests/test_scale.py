@@ -624,6 +624,45 @@ def test_a_hello_to_a_listener_that_already_dropped_the_connection_is_not_a_refu
         a.close()
 
 
+@pytest.mark.parametrize("family", ["tcp", "unix"])
+def test_a_reset_after_messages_ends_a_unix_link_but_is_an_error_on_tcp(monkeypatch, family):
+    """Once bytes came, a TCP reset may have discarded some the sender's kernel still held (a receiver
+    that stopped reading, then the sender's close): reporting it keeps a lost message from passing
+    unnoticed.  On a Unix socket every byte sent is queued at the receiver: an end, after all of them."""
+    import socket as socketlib
+    import struct
+
+    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.p2p.transport import LinkClosed
+
+    monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
+    monkeypatch.setenv("RLINF_CPU_LOCAL", "1" if family == "unix" else "0")
+    taken, cond = [], threading.Condition()
+
+    def on_accept(link, hello):
+        with cond:
+            taken.append(link)
+            cond.notify_all()
+
+    server, client = CpuTransport(), CpuTransport()
+    endpoint = server.listen(on_accept, "127.0.0.1")
+    try:
+        link = client.connect(endpoint, b"{}", time.monotonic() + 10)
+        assert link.local == (family == "unix")
+        link.send([b"first"], time.monotonic() + 10)
+        with cond:
+            assert cond.wait_for(lambda: taken, 10)
+        link.sock.setsockopt(socketlib.SOL_SOCKET, socketlib.SO_LINGER, struct.pack("ii", 1, 0))
+        link.sock.close()  # a reset, not a close
+        assert bytes(taken[0].recv(time.monotonic() + 10)[1][0]) == b"first"
+        with pytest.raises(ConnectionError) as info:
+            taken[0].recv(time.monotonic() + 10)
+        assert isinstance(info.value, LinkClosed) == (family == "unix"), repr(info.value)
+    finally:
+        server.close()
+        client.close()
+
+
 def test_connect_fails_when_the_listener_drops_the_connection_instead_of_taking_it(monkeypatch):
     """A connection the listener never takes (here ``on_accept`` closes it, as it does a malformed
     hello) makes ``connect`` fail: before, it returned, and what was sent on it was lost unreported."""

@@ -146,7 +146,7 @@ def _settimeout(sock: socket.socket, deadline: float, looked: bool = True) -> bo
     left = deadline - time.monotonic()
     if left <= 0 and looked:
         raise _TimedOut("the handshake did not complete before its deadline")
-    sock.settimeout(max(left, _LAST_LOOK))
+    sock.settimeout(left if left > 0 else _LAST_LOOK)
     return left <= 0
 
 

@@ -58,8 +58,8 @@ class AsyncWork:
         try:
             return self._future.result(timeout)
         except concurrent.futures.TimeoutError:  # the builtin TimeoutError since Python 3.11
-            if self._future.done():
-                raise  # the operation's own (a CommTimeoutError names its peer), not this wait's
+            if self._future.done():  # the operation's own (a CommTimeoutError names its peer), or just done
+                return self._future.result()
             raise TimeoutError(f"{self._describe} not finished after {timeout} s") from None
 
     async def async_wait(self) -> Any:

@@ -149,6 +149,7 @@ class SocketLink(Link):
         self._rview = memoryview(self._rbuf)
         self._rstart = 0
         self._rend = 0
+        self._received = False  # any byte yet: see _fill on resets
         self._fds: list[int] = []
         self._partial: Optional[_Partial] = None
         self._wbroken: Optional[str] = None  # why no more messages can be sent
@@ -378,13 +379,18 @@ class SocketLink(Link):
             except (BlockingIOError, InterruptedError):
                 self._wait(self._poll_in, deadline, spun)
             except ConnectionResetError:
-                # an end, like a close: the kernel reports a reset only after every byte that came
-                # before it was read, and a sender that gave up on a connection the listener took
-                # late closes it with the acknowledgement unread, which resets it
+                # An end like a close where nothing can have been lost: a sender that gave up on a
+                # connection the listener took late closes it, with the acknowledgement unread,
+                # before sending a byte, and that resets it; and on a Unix socket every byte sent
+                # is already queued here, read before the reset is reported.  On TCP, once bytes
+                # came, a reset may have discarded some the sender's kernel still held: an error.
+                if self._received and not self.local:
+                    raise
                 n = 0
                 break
         if n == 0:
             self._closed(self._rend != self._rstart)
+        self._received = True
         self._rend += n
 
     def _ensure(self, n: int, deadline: Optional[float]) -> None:
@@ -408,6 +414,8 @@ class SocketLink(Link):
                 self._wait(self._poll_in, deadline, spun)
                 continue
             except ConnectionResetError:
+                if not self.local:  # midway on TCP: bytes the sender's kernel held may be gone (see _fill)
+                    raise
                 n = 0
             if n == 0:
                 self._closed(True)
