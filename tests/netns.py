@@ -31,7 +31,7 @@ from typing import Optional
 SUBNET = "10.231.0"
 RAY_PORT = 6379  # every namespace has its own ports: the defaults cannot clash
 #: how often a node is started before giving up (Ray gives a node a fixed 30 s to register)
-START_TRIES = 3
+START_TRIES = 5  # a 30 s registration each: at most 150 s of the start's 200 s budget
 
 
 def unavailable_reason() -> Optional[str]:
@@ -183,11 +183,19 @@ class NetnsHosts:
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     def logs(self) -> str:
+        """Every start's log (earlier tries too: ``nodeN.log.K``), and the raylets' own logs."""
+        import glob
+
         text = []
         for name in sorted(os.listdir(self.temp_dir)):
-            if name.endswith(".log"):
+            if ".log" in name:
                 with open(os.path.join(self.temp_dir, name), errors="replace") as f:
-                    text.append(f"--- {name}\n{f.read()[-2000:]}")
+                    body = f.read()
+                text.append(f"--- {name}\n{body[:1200]}\n[...]\n{body[-1200:]}" if len(body) > 2400
+                            else f"--- {name}\n{body}")
+        for path in sorted(glob.glob(os.path.join(self.temp_dir, "session_*", "logs", "raylet*.out")))[-6:]:
+            with open(path, errors="replace") as f:
+                text.append(f"--- {os.path.relpath(path, self.temp_dir)}\n{f.read()[-1500:]}")
         return "\n".join(text)
 
     def stop(self) -> None:
