@@ -175,10 +175,10 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
         raise _TimedOut("the handshake did not complete before its deadline") from None
 
 
-def _mac(key: bytes, role: bytes, first: bytes, second: bytes, listener: bytes) -> bytes:
+def _mac(key: bytes, role: bytes, first: bytes, second: bytes, listener: str) -> bytes:
     # the role label keeps a proof made as a client from being replayed as a server's, and vice
     # versa; the listener's id keeps an answer made for one listener from being relayed to another
-    return hmac.new(key, role + first + second + b"|" + listener, hashlib.sha256).digest()
+    return hmac.new(key, role + first + second + b"|" + listener.encode(), hashlib.sha256).digest()
 
 
 def new_listener_id() -> str:
@@ -220,7 +220,7 @@ def server_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
     _send_all(sock, _MAGIC + challenge, deadline)
     reply = _recv_exact(sock, _NONCE + _DIGEST, deadline)
     theirs, proof = reply[:_NONCE], reply[_NONCE:]
-    if not hmac.compare_digest(proof, _mac(key, b"client", challenge, theirs, listener.encode())):
+    if not hmac.compare_digest(proof, _mac(key, b"client", challenge, theirs, listener)):
         try:  # said, so the client does not take it for a listener too busy to answer
             _send_all(sock, _REFUSED, min(deadline, time.monotonic() + 1.0))
         except (HandshakeError, OSError):
@@ -228,7 +228,7 @@ def server_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
         raise HandshakeError("the peer does not hold this cluster's secret")
     if proven is not None and not proven():
         raise HandshakeError("dropped while its answer was checked")
-    _send_all(sock, _PROVEN + _mac(key, b"server", theirs, challenge, listener.encode()), deadline)
+    _send_all(sock, _PROVEN + _mac(key, b"server", theirs, challenge, listener), deadline)
 
 
 def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] = None, listener: str = "") -> None:
@@ -250,7 +250,7 @@ def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
     challenge = head[len(_MAGIC):]
     ours = secrets.token_bytes(_NONCE)
     try:
-        _send_all(sock, ours + _mac(key, b"client", challenge, ours, listener.encode()), deadline)
+        _send_all(sock, ours + _mac(key, b"client", challenge, ours, listener), deadline)
         verdict = _recv_exact(sock, 1, deadline)
     except (HandshakeError, OSError) as exc:  # unanswered: too slow to check our answer, or shed while it did
         raise NotTaken(f"the listener did not answer ({exc})") from None
@@ -265,7 +265,7 @@ def client_handshake(sock: socket.socket, deadline: float, key: Optional[bytes] 
         proof = _recv_exact(sock, _DIGEST, deadline)  # sent with the verdict
     except (HandshakeError, OSError) as exc:  # no hello went out: the listener drops it unused
         raise NotTaken(f"the listener's proof did not arrive ({exc})") from None
-    if not hmac.compare_digest(proof, _mac(key, b"server", ours, challenge, listener.encode())):
+    if not hmac.compare_digest(proof, _mac(key, b"server", ours, challenge, listener)):
         raise HandshakeError("the listener does not hold this cluster's secret")
 
 

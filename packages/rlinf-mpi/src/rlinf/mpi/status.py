@@ -40,12 +40,13 @@ def _worker(record) -> dict:
 def publish(records) -> None:
     """Rank 0: write the job's groups (called with the registry's lock held, so writes do not interleave)."""
     global _path
-    body = {"launcher": "mpi", "pid": os.getpid(), "host": socket.gethostname(),
+    host = socket.gethostname()
+    body = {"launcher": "mpi", "pid": os.getpid(), "host": host,
             "groups": [{"name": r.name, "class": r.class_name, "workers": [_worker(w) for w in r.workers]}
                        for r in records]}
     try:
         directory = private_status_dir(create=True)
-        path = os.path.join(directory, f"mpi-{socket.gethostname()}-{os.getpid()}.json")
+        path = os.path.join(directory, f"mpi-{host}-{os.getpid()}.json")
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".mpi-", suffix=".tmp")  # mode 0600
         with os.fdopen(fd, "w") as f:
             json.dump(body, f)

@@ -352,6 +352,17 @@ class SocketLink(Link):
                              "or its send failed midway)")
         raise LinkClosed("the peer closed the connection (its process may have died)")
 
+    def _reset_is_end(self) -> bool:
+        """Whether a connection reset ends the stream like a close, with nothing lost.
+
+        On a Unix socket every byte sent is already queued here, and read before
+        the reset is reported.  On TCP only while no byte came: a sender that gave
+        up on a connection the listener took late closes it, with the
+        acknowledgement unread, before sending one, and that resets it; once
+        bytes came, a reset may have discarded some the sender's kernel still
+        held, which is an error."""
+        return self.local or not self._received
+
     def _fill(self, deadline: Optional[float]) -> None:
         """Read more bytes into the buffer (compacting it first)."""
         if self._rstart:
@@ -379,12 +390,7 @@ class SocketLink(Link):
             except (BlockingIOError, InterruptedError):
                 self._wait(self._poll_in, deadline, spun)
             except ConnectionResetError:
-                # An end like a close where nothing can have been lost: a sender that gave up on a
-                # connection the listener took late closes it, with the acknowledgement unread,
-                # before sending a byte, and that resets it; and on a Unix socket every byte sent
-                # is already queued here, read before the reset is reported.  On TCP, once bytes
-                # came, a reset may have discarded some the sender's kernel still held: an error.
-                if self._received and not self.local:
+                if not self._reset_is_end():
                     raise
                 n = 0
                 break
@@ -414,7 +420,7 @@ class SocketLink(Link):
                 self._wait(self._poll_in, deadline, spun)
                 continue
             except ConnectionResetError:
-                if not self.local:  # midway on TCP: bytes the sender's kernel held may be gone (see _fill)
+                if not self._reset_is_end():
                     raise
                 n = 0
             if n == 0:
