@@ -7,6 +7,7 @@ with ``RLINF_IDLE_LINK_TIMEOUT=1``.  One launch serves every test here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -624,16 +625,11 @@ def test_a_hello_to_a_listener_that_already_dropped_the_connection_is_not_a_refu
         a.close()
 
 
-@pytest.mark.parametrize("family", ["tcp", "unix"])
-def test_a_reset_after_messages_ends_a_unix_link_but_is_an_error_on_tcp(monkeypatch, family):
-    """Once bytes came, a TCP reset may have discarded some the sender's kernel still held (a receiver
-    that stopped reading, then the sender's close): reporting it keeps a lost message from passing
-    unnoticed.  On a Unix socket every byte sent is queued at the receiver: an end, after all of them."""
-    import socket as socketlib
-    import struct
-
+@contextlib.contextmanager
+def _connected_pair(monkeypatch, family):
+    """A client link to an in-process listener over ``family`` ("unix" or "tcp"), and the list holding
+    the listener's end once it took the connection."""
     from rlinf.scheduler.p2p.cpu_transport import CpuTransport
-    from rlinf.scheduler.p2p.transport import LinkClosed
 
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
     monkeypatch.setenv("RLINF_CPU_LOCAL", "1" if family == "unix" else "0")
@@ -648,19 +644,33 @@ def test_a_reset_after_messages_ends_a_unix_link_but_is_an_error_on_tcp(monkeypa
     endpoint = server.listen(on_accept, "127.0.0.1")
     try:
         link = client.connect(endpoint, b"{}", time.monotonic() + 10)
-        assert link.local == (family == "unix")
-        link.send([b"first"], time.monotonic() + 10)
         with cond:
             assert cond.wait_for(lambda: taken, 10)
+        yield link, taken
+    finally:
+        server.close()
+        client.close()
+
+
+@pytest.mark.parametrize("family", ["tcp", "unix"])
+def test_a_reset_after_messages_ends_a_unix_link_but_is_an_error_on_tcp(monkeypatch, family):
+    """Once bytes came, a TCP reset may have discarded some the sender's kernel still held (a receiver
+    that stopped reading, then the sender's close): reporting it keeps a lost message from passing
+    unnoticed.  On a Unix socket every byte sent is queued at the receiver: an end, after all of them."""
+    import socket as socketlib
+    import struct
+
+    from rlinf.scheduler.p2p.transport import LinkClosed
+
+    with _connected_pair(monkeypatch, family) as (link, taken):
+        assert link.local == (family == "unix")
+        link.send([b"first"], time.monotonic() + 10)
         link.sock.setsockopt(socketlib.SOL_SOCKET, socketlib.SO_LINGER, struct.pack("ii", 1, 0))
         link.sock.close()  # a reset, not a close
         assert bytes(taken[0].recv(time.monotonic() + 10)[1][0]) == b"first"
         with pytest.raises(ConnectionError) as info:
             taken[0].recv(time.monotonic() + 10)
         assert isinstance(info.value, LinkClosed) == (family == "unix"), repr(info.value)
-    finally:
-        server.close()
-        client.close()
 
 
 def test_connect_fails_when_the_listener_drops_the_connection_instead_of_taking_it(monkeypatch):
@@ -725,3 +735,31 @@ def test_one_reader_thread_reads_ahead_on_every_tcp_link(monkeypatch):
     finally:
         server.close()
         client.close()
+
+
+@pytest.mark.parametrize("family", ["unix", "tcp"])
+def test_send_now_sends_a_small_message_whole_or_nothing_and_never_waits(monkeypatch, family):
+    """``send_now`` is how the channel host answers small requests from its event loop: it must never
+    wait on a peer that does not read, and never leave part of a message behind (the link stays
+    usable and every message arrives whole, in order).  On TCP it declines (writable promises only
+    some room there)."""
+    with _connected_pair(monkeypatch, family) as (link, taken):
+        sent, slowest = [], 0.0
+        if family == "tcp":
+            assert not link.send_now([b"small"])
+        else:
+            assert not link.send_now([b"x" * (64 << 10)])  # too big: nothing sent
+            for i in range(2000):  # the peer reads nothing: the socket fills, then send_now declines
+                message = i.to_bytes(4, "little") * (4 << 10)  # 16 KiB
+                start = time.monotonic()
+                took = link.send_now([message])
+                slowest = max(slowest, time.monotonic() - start)
+                if not took:
+                    break
+                sent.append(message)
+            assert 0 < len(sent) < 2000, len(sent)
+            assert slowest < 0.5, slowest
+        last = b"last"
+        link.send([last], time.monotonic() + 30)  # still usable: an ordinary send follows
+        got = [bytes(taken[0].recv(time.monotonic() + 10)[1][0]) for _ in range(len(sent) + 1)]
+        assert got == sent + [last]

@@ -83,6 +83,10 @@ def _remaining(deadline: Optional[float]) -> Optional[float]:
     return left
 
 
+#: the largest message ``SocketLink.send_now`` sends (a quarter of the smallest default Unix socket buffer)
+SEND_NOW_MAX = 32 << 10
+
+
 def _spin_seconds() -> float:
     return max(0.0, float(os.environ.get(SPIN_ENV, "50"))) / 1e6
 
@@ -145,6 +149,7 @@ class SocketLink(Link):
 
             self._pool, self._cache = SenderPool(), ReceiverCache()
         self._ancsize = socket.CMSG_SPACE(_MAX_FDS * 4) if local else 0
+        self._send_now_max = min(SEND_NOW_MAX, sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 4) if local else 0
         self._rbuf = bytearray()  # grown on the first receive: a link that only sends never pays for it
         self._rview = memoryview(self._rbuf)
         self._rstart = 0
@@ -154,7 +159,7 @@ class SocketLink(Link):
         self._partial: Optional[_Partial] = None
         self._wbroken: Optional[str] = None  # why no more messages can be sent
         self._rbroken: Optional[str] = None  # why no more messages can be received
-        self._wlock = threading.Lock()
+        self._wlock = threading.RLock()  # send_now holds it around send
         self._rlock = threading.Lock()
         self._ahead_cond: Optional[threading.Condition] = None
         self._ahead_error: Optional[BaseException] = None
@@ -286,6 +291,29 @@ class SocketLink(Link):
                 raise
         if fds:
             self._pool.sent(seg)
+
+    def send_now(self, frames: Sequence) -> bool:
+        """``Link.send_now``: on a Unix socket, a message of at most ``SEND_NOW_MAX`` bytes (and a
+        quarter of the socket's send buffer) while the socket polls writable.  The kernel reports a
+        Unix stream socket writable only while at most a quarter of its send buffer is queued at the
+        peer, so such a message is taken whole by one ``sendmsg``.  Never on TCP, where writable promises only some room (a part sent would have
+        to wait for the rest)."""
+        if not self.local or self._wbroken is not None:
+            return False
+        total = 0
+        for f in frames:
+            total += f.nbytes if isinstance(f, memoryview) else memoryview(f).nbytes
+        if total > self._send_now_max or total >= self._shm_min:
+            return False
+        if not self._wlock.acquire(blocking=False):
+            return False  # another send is under way: it may be waiting
+        try:
+            if not self._poll_out.poll(0):
+                return False
+            self.send(frames, time.monotonic() + 1.0)  # cannot wait (see above): the deadline only bounds a surprise
+            return True
+        finally:
+            self._wlock.release()
 
     def send_fds(self, inline: Sequence, fds: Sequence[int], deadline: Optional[float]) -> None:
         """Send ``inline`` frames with descriptors riding along (``SCM_RIGHTS``); the caller keeps its own.

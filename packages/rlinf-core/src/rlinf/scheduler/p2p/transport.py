@@ -89,6 +89,16 @@ class Link(ABC):
         """
         return False
 
+    def send_now(self, frames: Sequence) -> bool:
+        """Send a small message only if it can leave whole at once, without waiting; else send nothing.
+
+        For an event loop that must never wait on a peer (the channel host
+        answers small requests this way instead of handing each reply to a
+        sender thread).  True: sent, as ``send`` would have.  False: nothing
+        was sent and the link is as it was.  The default never sends.
+        """
+        return False
+
     def poll_fd(self) -> Optional[int]:
         """A descriptor that turns readable when data arrives, so one event loop can serve many links.
 
