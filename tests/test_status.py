@@ -135,13 +135,26 @@ class Sleeper(Worker):
 flag, where = sys.argv[1], sys.argv[2]
 g = Sleeper.create_group().launch(Cluster(), name="mpi_status")
 running = g.nap(flag)
-time.sleep(0.5)
+directory = os.environ["RLINF_STATUS_DIR"]
+(mine,) = [os.path.join(directory, n) for n in os.listdir(directory) if n.startswith("mpi-")]
+touched = os.stat(mine).st_mtime
+time.sleep(1.5)  # RLINF_STATUS_REFRESH=0.5: rank 0 keeps its file fresh
+assert os.stat(mine).st_mtime > touched, "rank 0 did not refresh its status file"
+# a job killed with its node on another host left its file in the shared directory an hour ago
+with open(mine) as f:
+    body = json.load(f)
+body.update(host="deadhost", pid=1)
+stale = os.path.join(directory, "mpi-deadhost-1.json")
+with open(stale, "w") as f:
+    json.dump(body, f)
+os.utime(stale, (time.time() - 3600, time.time() - 3600))
 env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith(("PMI_", "MPI", "HYDRA"))}
 command = [sys.executable, "-m", "rlinf.scheduler", "status", "--json"]
 if where == "elsewhere":  # another hostname, and rank 0's pid out of sight: as from another node
     command = ["unshare", "--uts", "--pid", "--fork", "sh", "-c", 'hostname elsewhere && exec "$@"', "sh"] + command
 p = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
 print("STATUS", json.dumps({"code": p.returncode, "out": p.stdout, "err": p.stderr[-2000:]}))
+os.unlink(stale)
 open(flag, "w").close()
 assert running.wait() == [1]
 '''
@@ -171,7 +184,7 @@ def test_status_of_an_mpi_job(tmp_path, where):
     program.write_text(MPI_PROGRAM)
     status_dir = tmp_path / "status"
     code, out, _ = mpirun(2, [str(program), str(tmp_path / "flag"), where], timeout=150,
-                          RLINF_STATUS_DIR=str(status_dir))
+                          RLINF_STATUS_DIR=str(status_dir), RLINF_STATUS_REFRESH="0.5")
     assert code == 0, out[-4000:]
     line = next(ln for ln in out.splitlines() if ln.startswith("STATUS "))
     result = json.loads(line[len("STATUS "):])
@@ -181,5 +194,8 @@ def test_status_of_an_mpi_job(tmp_path, where):
     (g,) = [g for g in snap["groups"] if g["name"] == "mpi_status"]
     w = g["workers"][0]
     assert w["alive"] is True and [c["method"] for c in w["calls"]] == ["nap"], w
+    # the dead host's job: skipped, said so, not listed as a job whose workers do not answer
+    assert "deadhost" not in snap["address"] and len(snap["groups"]) == 1, snap
+    assert any("mpi-deadhost-1.json" in n and "refreshed it for 36" in n for n in snap["notes"]), snap["notes"]
     assert oct(os.stat(status_dir).st_mode & 0o777) == "0o700"
     assert os.listdir(status_dir) == []  # the job removed its file as it ended

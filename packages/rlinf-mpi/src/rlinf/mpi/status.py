@@ -3,12 +3,15 @@
 There is no cluster service to ask, so rank 0 writes its group registry
 (names, classes, each worker's info and status listener) as JSON to
 ``<status dir>/mpi-<host>-<pid>.json`` whenever a group is registered or
-released, and removes it when the program ends.  The directory is the user's
+released, touches it every ``RLINF_STATUS_REFRESH`` seconds (30) while the
+job runs, and removes it when the program ends.  The directory is the user's
 own (mode 0700, see ``rlinf.scheduler.status_dir``) and the file mode 0600:
 the workers' status tokens in it stay the user's.  A status process reads
 the files of jobs whose rank 0 still runs, if on this machine; a directory
 on a filesystem the nodes share (``RLINF_STATUS_DIR``) also shows the jobs
-whose rank 0 runs on another one, whose pid cannot be checked from here.
+whose rank 0 runs on another one, whose pid cannot be checked from here:
+there a file not touched for ten refresh intervals is a job that ended
+without removing it (killed with its node, say), skipped with a note.
 JSON only, nothing is unpickled.
 """
 
@@ -20,6 +23,8 @@ import json
 import os
 import socket
 import tempfile
+import threading
+import time
 from typing import Optional
 
 from rlinf.scheduler.address import WorkerAddress
@@ -28,6 +33,36 @@ from rlinf.scheduler.launcher import GroupRecord, WorkerRecord
 from rlinf.scheduler.status_dir import private_status_dir, status_dir
 
 _path: Optional[str] = None
+_refresher: Optional[threading.Thread] = None
+_stop = threading.Event()
+
+#: seconds between touches of a running job's file
+REFRESH_ENV = "RLINF_STATUS_REFRESH"
+DEFAULT_REFRESH = 30.0
+#: a file on another host not touched for this many refresh intervals belongs to a job that is gone
+STALE_AFTER_REFRESHES = 10
+
+
+def refresh_interval() -> float:
+    raw = os.environ.get(REFRESH_ENV)
+    try:
+        value = float(raw) if raw else DEFAULT_REFRESH
+    except ValueError:
+        value = DEFAULT_REFRESH
+    return value if value > 0 else DEFAULT_REFRESH
+
+
+def _refresh() -> None:
+    """Touch the job's file while it runs (bounded sleeps; ``unpublish`` ends it at once)."""
+    interval = refresh_interval()
+    while not _stop.wait(interval):
+        path = _path
+        if path is None:
+            return
+        try:
+            os.utime(path)
+        except OSError:
+            pass
 
 
 def _worker(record) -> dict:
@@ -39,7 +74,7 @@ def _worker(record) -> dict:
 
 def publish(records) -> None:
     """Rank 0: write the job's groups (called with the registry's lock held, so writes do not interleave)."""
-    global _path
+    global _path, _refresher
     host = socket.gethostname()
     body = {"launcher": "mpi", "pid": os.getpid(), "host": host,
             "groups": [{"name": r.name, "class": r.class_name, "workers": [_worker(w) for w in r.workers]}
@@ -56,10 +91,16 @@ def publish(records) -> None:
     if _path is None:
         atexit.register(unpublish)
     _path = path
+    if _refresher is None:
+        _stop.clear()
+        _refresher = threading.Thread(target=_refresh, name="rlinf-status-refresh", daemon=True)
+        _refresher.start()
 
 
 def unpublish() -> None:
-    global _path
+    global _path, _refresher
+    _stop.set()
+    _refresher = None
     if _path is not None:
         try:
             os.unlink(_path)
@@ -86,12 +127,14 @@ def running_groups(timeout: float) -> Optional[dict]:
         return None
     except PermissionError as exc:
         raise RuntimeError(str(exc)) from None
-    groups, jobs = [], []
+    groups, jobs, notes = [], [], []
     here = socket.gethostname()
+    stale_after = STALE_AFTER_REFRESHES * refresh_interval()
     for path in sorted(glob.glob(os.path.join(directory, "mpi-*.json"))):
         try:
             with open(path) as f:
                 body = json.load(f)
+                age = time.time() - os.fstat(f.fileno()).st_mtime
         except (OSError, ValueError):
             continue
         host = body.get("host", here)
@@ -99,6 +142,11 @@ def running_groups(timeout: float) -> Optional[dict]:
             if not _alive(int(body.get("pid", 0))):
                 continue  # a job that ended without cleaning up
             jobs.append(str(body["pid"]))
+        elif age > stale_after:  # its rank 0 stopped touching it: gone with its node, or killed
+            notes.append(f"skipped {os.path.basename(path)}: rank 0 (pid {body.get('pid')} on {host}) has not "
+                         f"refreshed it for {age:.0f} s (every {refresh_interval():g} s while a job runs); "
+                         f"that job ended without removing it")
+            continue
         else:  # a shared directory: its workers' listeners say whether it still runs
             jobs.append(f"{body['pid']} on {host}")
         for g in body.get("groups", []):
@@ -110,4 +158,5 @@ def running_groups(timeout: float) -> Optional[dict]:
             groups.append(GroupRecord(g["name"], g["class"], workers, "mpi"))
     if not jobs:
         return None
-    return {"launcher": "mpi", "address": f"job(s) with rank 0 pid {', '.join(jobs)} ({status_dir()})", "groups": groups}
+    return {"launcher": "mpi", "address": f"job(s) with rank 0 pid {', '.join(jobs)} ({status_dir()})", "groups": groups,
+            "notes": notes}
