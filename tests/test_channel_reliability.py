@@ -303,3 +303,39 @@ def test_stream_of_large_items_between_processes(pair_for_stream):
 @pytest.fixture
 def pair_for_stream(launch):
     return launch(Peer, placement=NodePlacementStrategy([0, 0]))
+
+
+def test_one_reader_at_a_time_hands_over_and_an_idle_client_stays_alive(cluster, short_limits):
+    """Whoever waits reads the connection: a blocking call reads its own reply when no one else
+    does, and dispatches the others' while it waits.  Each case fails if the turn to read is lost:
+    a put made while another thread's get waits parked at the host returns (its reply read by that
+    thread); an idle client, with no call waiting, still reads the host's pongs, so it is not
+    declared dead (heartbeats every 0.5 s: dead after 2.5 s unheard); a callback of an async get
+    that makes a blocking call on the same channel, in the thread that read the reply, completes."""
+    ch = Channel.create("turns")
+    ch.put(0)
+    assert ch.get(timeout=10) == 0
+    client = ch._client()
+    time.sleep(4)  # idle, longer than the client's dead-after
+    assert client._dead is None, client._dead  # a dead one would be replaced unseen by the next call
+    got = {}
+
+    def parked_get():
+        got["a"] = ch.get(key="a", timeout=60)
+
+    reader = threading.Thread(target=parked_get, name="parked-get")
+    reader.start()
+    _wait_for(lambda: sum(q["getters"] for q in _hosts["turns"].stats(detail=True).wait()[0]["queues"].values()) == 1,
+              20, "the get parked at the host")
+    start = time.monotonic()
+    ch.put("x", key="b", timeout=20)  # its reply comes while the parked get's thread reads
+    assert ch.get(key="b", timeout=20) == "x"
+    assert time.monotonic() - start < 10
+    ch.put("y", key="a", timeout=20)
+    reader.join(30)
+    assert not reader.is_alive() and got == {"a": "y"}
+
+    ch.put("dv", key="d", timeout=20)
+    work = ch.get(key="c", async_op=True).then(lambda v: (v, ch.get(key="d", timeout=10)))
+    ch.put("cv", key="c", timeout=20)
+    assert work.wait(timeout=30) == ("cv", "dv")

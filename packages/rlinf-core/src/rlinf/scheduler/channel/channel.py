@@ -215,7 +215,7 @@ class Channel:
         client = self._client(replica_of(ctrl.get("key", DEFAULT_KEY), self._replicas()))
         what = f"{ctrl['op']} on channel {self._name!r} key {show_key(ctrl.get('key', DEFAULT_KEY))}"
         try:
-            rid, fut = client.request(ctrl, frames, send_timeout)
+            rid, fut = client.request(ctrl, frames, send_timeout, blocking=not async_op)
         except SendTimeout as exc:
             if ctrl.get("nowait"):
                 raise asyncio.QueueFull(f"{what}: the host is not taking items ({exc})") from None
@@ -239,7 +239,7 @@ class Channel:
         # bounded: a sync operation always carries a timeout, and the host answers (or is declared dead) before this
         wait = (_send_timeout() if timeout is None else timeout) + REPLY_GRACE
         try:
-            reply = fut.result(wait)
+            reply = client.wait_reply(fut, wait)
         except concurrent.futures.TimeoutError:
             client.cancel(rid)
             raise CommTimeoutError(f"{what} got no reply from its host within {wait:g} s", peer=client.host) from None
