@@ -15,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from rlinf.scheduler import Channel, NodePlacementStrategy, PeerDiedError
+from rlinf.scheduler import Channel, CommTimeoutError, NodePlacementStrategy, PeerDiedError
 from rlinf.scheduler.channel.channel import _hosts
 from rlinf.scheduler.channel.client import ChannelClient
 
@@ -339,3 +339,52 @@ def test_one_reader_at_a_time_hands_over_and_an_idle_client_stays_alive(cluster,
     work = ch.get(key="c", async_op=True).then(lambda v: (v, ch.get(key="d", timeout=10)))
     ch.put("cv", key="c", timeout=20)
     assert work.wait(timeout=30) == ("cv", "dv")
+
+
+def test_callbacks_never_run_in_a_callers_thread_and_an_interrupted_read_fails_nothing_silently(cluster, short_limits):
+    """A caller reading the connection for its blocking call also reads the replies of asynchronous
+    operations: their callbacks must run on the background reader, never in the caller's thread
+    (a Ctrl-C there would land in another operation's callback, and callbacks that make blocking
+    calls would nest without end).  A Ctrl-C while a caller reads gives the connection up: the
+    operations still pending fail at once instead of waiting for a reply that may be lost, and the
+    next call connects afresh."""
+    import signal
+
+    ch = Channel.create("interrupt")
+    ran_in, works = [], []
+
+    def get_async():  # made while this thread reads, so its reply is read here
+        works.append(ch.get(key="y", async_op=True).then(lambda v: ran_in.append(threading.current_thread().name) or v))
+
+    threading.Timer(0.3, get_async).start()
+    threading.Timer(0.8, lambda: ch.put("yv", key="y", timeout=20)).start()
+    with pytest.raises(CommTimeoutError):
+        ch.get(key="x", timeout=2)  # parked at the host: this thread reads until then
+    assert works and works[0].wait(timeout=20) == "yv"
+    assert ran_in and ran_in[0] != threading.current_thread().name, ran_in
+
+    # a hundred callbacks that each make a blocking call: no nesting, all complete
+    works = [ch.get(key="in", async_op=True).then(lambda v: ch.put(v, key="out", timeout=20)) for _ in range(100)]
+    for i in range(100):
+        ch.put(i, key="in", timeout=20)
+    for w in works:
+        w.wait(timeout=30)
+    assert sorted(ch.get(key="out", timeout=20) for _ in range(100)) == list(range(100))
+
+    pending = ch.get(key="b", async_op=True)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(KeyboardInterrupt):
+            ch.get(key="a", timeout=30)  # parked: this thread reads until the interrupt
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    with pytest.raises(PeerDiedError, match="KeyboardInterrupt interrupted a read"):
+        pending.wait(timeout=10)
+    ch.put("z", key="a", timeout=20)  # a fresh connection
+    assert ch.get(key="a", timeout=20) == "z"

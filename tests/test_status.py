@@ -199,3 +199,25 @@ def test_status_of_an_mpi_job(tmp_path, where):
     assert any("mpi-deadhost-1.json" in n and "refreshed it for 36" in n for n in snap["notes"]), snap["notes"]
     assert oct(os.stat(status_dir).st_mode & 0o777) == "0o700"
     assert os.listdir(status_dir) == []  # the job removed its file as it ended
+
+
+def test_status_says_why_it_skips_the_file_of_a_job_gone_with_its_node(tmp_path, monkeypatch):
+    """Only a stale file from another node in a shared status directory: nothing is listed, and the
+    reason names the file and how long its rank 0 has been silent, judged by the job's own refresh
+    interval (written in the file), not this process's."""
+    pytest.importorskip("rlinf.mpi")
+    from rlinf.mpi import status as mpi_status
+
+    directory = tmp_path / "status"
+    directory.mkdir(mode=0o700)
+    monkeypatch.setenv("RLINF_STATUS_DIR", str(directory))
+    monkeypatch.setenv("RLINF_STATUS_REFRESH", "3600")  # this reader's own interval must not matter
+    body = {"launcher": "mpi", "pid": 1, "host": "deadhost", "refresh": 30.0, "groups": []}
+    stale = directory / "mpi-deadhost-1.json"
+    stale.write_text(json.dumps(body))
+    os.utime(stale, (time.time() - 400, time.time() - 400))  # ten of the job's 30 s intervals and more
+    with pytest.raises(RuntimeError, match=r"no MPI job running; skipped mpi-deadhost-1\.json: .* for 40\d s"):
+        mpi_status.running_groups(5)
+    os.utime(stale)  # fresh again: listed (its workers then say whether they answer)
+    found = mpi_status.running_groups(5)
+    assert found is not None and "1 on deadhost" in found["address"] and found["notes"] == []

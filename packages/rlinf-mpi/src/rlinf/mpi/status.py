@@ -10,8 +10,9 @@ the workers' status tokens in it stay the user's.  A status process reads
 the files of jobs whose rank 0 still runs, if on this machine; a directory
 on a filesystem the nodes share (``RLINF_STATUS_DIR``) also shows the jobs
 whose rank 0 runs on another one, whose pid cannot be checked from here:
-there a file not touched for ten refresh intervals is a job that ended
-without removing it (killed with its node, say), skipped with a note.
+there a file not touched for ten of its job's refresh intervals is a job
+that ended without removing it (killed with its node, say), skipped with a
+note.
 JSON only, nothing is unpickled.
 """
 
@@ -76,7 +77,7 @@ def publish(records) -> None:
     """Rank 0: write the job's groups (called with the registry's lock held, so writes do not interleave)."""
     global _path, _refresher
     host = socket.gethostname()
-    body = {"launcher": "mpi", "pid": os.getpid(), "host": host,
+    body = {"launcher": "mpi", "pid": os.getpid(), "host": host, "refresh": refresh_interval(),
             "groups": [{"name": r.name, "class": r.class_name, "workers": [_worker(w) for w in r.workers]}
                        for r in records]}
     try:
@@ -119,6 +120,15 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _job_refresh(body: dict) -> float:
+    """The refresh interval the job's rank 0 uses (older files: the default)."""
+    try:
+        value = float(body.get("refresh") or DEFAULT_REFRESH)
+    except (TypeError, ValueError):
+        return DEFAULT_REFRESH
+    return value if value > 0 else DEFAULT_REFRESH
+
+
 def running_groups(timeout: float) -> Optional[dict]:
     """The groups of the MPI jobs of this user that the status directory shows; None if there is none."""
     try:
@@ -129,7 +139,6 @@ def running_groups(timeout: float) -> Optional[dict]:
         raise RuntimeError(str(exc)) from None
     groups, jobs, notes = [], [], []
     here = socket.gethostname()
-    stale_after = STALE_AFTER_REFRESHES * refresh_interval()
     for path in sorted(glob.glob(os.path.join(directory, "mpi-*.json"))):
         try:
             with open(path) as f:
@@ -142,9 +151,9 @@ def running_groups(timeout: float) -> Optional[dict]:
             if not _alive(int(body.get("pid", 0))):
                 continue  # a job that ended without cleaning up
             jobs.append(str(body["pid"]))
-        elif age > stale_after:  # its rank 0 stopped touching it: gone with its node, or killed
+        elif age > STALE_AFTER_REFRESHES * _job_refresh(body):  # rank 0 stopped touching it: gone with its node
             notes.append(f"skipped {os.path.basename(path)}: rank 0 (pid {body.get('pid')} on {host}) has not "
-                         f"refreshed it for {age:.0f} s (every {refresh_interval():g} s while a job runs); "
+                         f"refreshed it for {age:.0f} s (every {_job_refresh(body):g} s while a job runs); "
                          f"that job ended without removing it")
             continue
         else:  # a shared directory: its workers' listeners say whether it still runs
@@ -157,6 +166,8 @@ def running_groups(timeout: float) -> Optional[dict]:
                 workers.append(WorkerRecord(info=info, status=status))
             groups.append(GroupRecord(g["name"], g["class"], workers, "mpi"))
     if not jobs:
+        if notes:  # say why nothing is listed
+            raise RuntimeError("no MPI job running; " + "; ".join(notes))
         return None
     return {"launcher": "mpi", "address": f"job(s) with rank 0 pid {', '.join(jobs)} ({status_dir()})", "groups": groups,
             "notes": notes}

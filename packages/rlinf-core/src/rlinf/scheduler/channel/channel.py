@@ -214,12 +214,6 @@ class Channel:
               send_timeout: Optional[float] = None):
         client = self._client(replica_of(ctrl.get("key", DEFAULT_KEY), self._replicas()))
         what = f"{ctrl['op']} on channel {self._name!r} key {show_key(ctrl.get('key', DEFAULT_KEY))}"
-        try:
-            rid, fut = client.request(ctrl, frames, send_timeout, blocking=not async_op)
-        except SendTimeout as exc:
-            if ctrl.get("nowait"):
-                raise asyncio.QueueFull(f"{what}: the host is not taking items ({exc})") from None
-            raise CommTimeoutError(f"{what}: {exc}", peer=client.host) from None
 
         def finish(reply):
             ctrl_back, items = reply
@@ -230,6 +224,12 @@ class Channel:
                 if "count" in ctrl_back:
                     client.ack(rid)  # the item is the user's now (even if it fails to decode: never redeliver poison)
 
+        try:
+            rid, fut = client.request(ctrl, frames, send_timeout, blocking=not async_op)
+        except SendTimeout as exc:
+            if ctrl.get("nowait"):
+                raise asyncio.QueueFull(f"{what}: the host is not taking items ({exc})") from None
+            raise CommTimeoutError(f"{what}: {exc}", peer=client.host) from None
         if async_op:
             from ..p2p.async_work import AsyncWork
 

@@ -7,12 +7,15 @@ ever receiving another caller's item.  If the host goes away every pending
 operation fails at once.
 
 One thread at a time reads (the *reader*).  A blocking operation whose
-thread finds no reader reads its own reply, and dispatches any other reply
-that comes first: handing a reply from a reader thread to the waiting caller
-cost as much as the rest of a put or get (165 us for a put and a get read in
-place, 350 us handed over, on a 2-core machine).  Otherwise a background
-reader thread reads whenever a reply or a pong is awaited and no caller is
-reading.
+thread finds no reader reads until its own reply has come: handing each
+reply from a reader thread to the waiting caller had cost as much as the
+rest of a put or get (a put and a get: 350 us handed over, 188 us read in
+place, 163 us for the bare exchange on the link, on a 2-core machine).
+Otherwise a background reader thread reads whenever a reply or a pong is
+awaited and no caller reads.  Any reader sets the futures of blocking calls
+(they have no callbacks); other replies go to the background reader, so the
+callbacks of asynchronous operations run only there, never in a caller's
+thread (where a Ctrl-C could land in them).
 
 Every send has a deadline.  A heartbeat thread pings the host; a host not
 heard from for several heartbeats is declared dead (the link is closed, so
@@ -64,6 +67,10 @@ class ChannelClient:
         #: the thread reading the connection now (a caller reading its own reply, or the background reader)
         self._reader: Optional[int] = None
         self._ping_out = False  # a ping not yet answered: someone must read
+        #: requests of blocking calls: their futures have no callbacks, so any reader may set them
+        self._blocking: set = set()
+        #: replies read by a caller for other operations, handed to their futures by the background reader
+        self._replies: collections.deque = collections.deque()
         self._turn = threading.Condition(threading.Lock())  # guards _reader; wakes the background reader
         threading.Thread(target=self._read_replies, name=f"rlinf-channel-{channel}-replies", daemon=True).start()
         threading.Thread(target=self._heartbeat, name=f"rlinf-channel-{channel}-heartbeat", daemon=True).start()
@@ -89,13 +96,36 @@ class ChannelClient:
 
     # -- reading ------------------------------------------------------------------------
     def _read_one(self, deadline: float) -> bool:
-        """Read one message and hand it to its future (the caller is the reader).
+        """Read one message and route it (the calling thread is the reader).
 
-        False once the connection is lost (every pending operation has then
-        failed); raises ``TimeoutError`` if nothing came by ``deadline``
-        (what was read of a message stays for the next reader)."""
+        The reply to a blocking call goes straight to its future, which has
+        no callbacks; every other reply is queued for the background reader
+        to hand over, so no other operation's callback ever runs in a
+        caller's thread.  False once the connection is lost (every pending
+        operation has then failed); ``TimeoutError`` if nothing came by
+        ``deadline`` (the link keeps what it read of a message).  An
+        interrupt (``KeyboardInterrupt``) during a read gives the connection
+        up: a message may have been half read, or read and dropped, so every
+        pending operation fails at once instead of waiting for a lost reply
+        (the next operation connects afresh; the host puts back the items it
+        had sent)."""
         try:
             _raw, frames = self._link.recv(deadline)
+            ctrl = control(frames[0])
+            self._last_heard = time.monotonic()
+            rid = ctrl.get("id", 0)
+            if not rid:
+                self._ping_out = False  # a pong
+            elif rid in self._blocking:
+                with self._lock:
+                    fut = self._pending.pop(rid, None)
+                    self._blocking.discard(rid)
+                if fut is not None and not fut.done():
+                    fut.set_result((ctrl, frames[1:]))
+            else:
+                self._replies.append((rid, ctrl, frames[1:]))
+                self._nudge()
+            return True
         except TimeoutError:
             if self._dead is None and self._link.is_open():
                 raise
@@ -103,27 +133,30 @@ class ChannelClient:
             return False
         except Exception as exc:
             # close our end too (its descriptor and mappings), then fail what waits
-            self.fail(self._dead or f"the connection to the host of channel {self.channel!r} ({self.host}) was lost: {exc}")
+            self.fail(self._dead or f"the connection to the host of channel {self.channel!r} ({self.host}) was lost: "
+                                    f"{type(exc).__name__}: {exc}")
             return False
-        self._last_heard = time.monotonic()
-        ctrl = control(frames[0])
-        rid = ctrl.get("id", 0)
-        if not rid:
-            self._ping_out = False  # a pong
-            return True
-        with self._lock:
-            fut = self._pending.pop(rid, None)
-        if fut is not None and not fut.done():
-            fut.set_result((ctrl, frames[1:]))
-        # else: a reply to a request given up; the cancel sent for it makes the host put its items back
-        return True
+        except BaseException as exc:
+            self.fail(f"the connection to the host of channel {self.channel!r} ({self.host}) was given up: "
+                      f"{type(exc).__name__} interrupted a read of it")
+            raise
+
+    def _hand_over(self) -> None:
+        """Set the futures of the queued replies (background reader only: their callbacks run here)."""
+        while self._replies:
+            rid, ctrl, frames = self._replies.popleft()
+            with self._lock:
+                fut = self._pending.pop(rid, None)
+            if fut is not None and not fut.done():
+                fut.set_result((ctrl, frames))
+            # else: a reply to a request given up; the cancel sent for it makes the host put its items back
 
     def _awaited(self) -> bool:
         return bool(self._pending) or self._ping_out
 
     def _claim(self) -> Optional[str]:
-        """Become the reader: "new", "held" (this thread reads already: a callback of a reply it
-        dispatched), or None (another thread reads)."""
+        """Become the reader: "new", "held" (this thread reads already: a callback run by the
+        background reader), or None (another thread reads)."""
         me = threading.get_ident()
         with self._turn:
             if self._reader is None:
@@ -134,35 +167,45 @@ class ChannelClient:
     def _release(self) -> None:
         with self._turn:
             self._reader = None
-            if self._awaited():
+            if self._awaited() or self._replies:
                 self._turn.notify_all()  # what this reader leaves unread is the background reader's
 
     def _nudge(self) -> None:
-        """Something is awaited: wake the background reader unless someone reads already."""
+        """Replies to hand over, or something awaited that no one reads: wake the background reader."""
         with self._turn:
-            if self._reader is None:
+            if self._reader is None or self._replies:
                 self._turn.notify_all()
 
     def _read_replies(self) -> None:
-        """The background reader: reads while a reply or pong is awaited and no caller reads."""
+        """The background reader: hands queued replies over, and reads while a reply or pong is
+        awaited and no caller reads."""
+        me = threading.get_ident()
         while self._dead is None:
             with self._turn:
-                if self._reader is not None or not self._awaited():
-                    self._turn.wait(1.0)  # bounded; woken by requests, pings and callers that stop reading
+                if self._replies:
+                    claimed = False
+                elif self._reader is not None or not self._awaited():
+                    self._turn.wait(1.0)  # bounded; woken by requests, pings, replies and readers that stop
                     continue
-                self._reader = threading.get_ident()
+                else:
+                    self._reader, claimed = me, True
+            self._hand_over()
+            if not claimed:
+                continue
             try:
                 while self._dead is None and self._awaited():
                     try:
                         if not self._read_one(time.monotonic() + 0.5):
-                            return
+                            break
                     except TimeoutError:
                         pass  # looks again whether anything is still awaited
+                    self._hand_over()
             finally:
                 self._release()
+        self._hand_over()  # replies read before the end (futures of the rest failed with the connection)
 
     def wait_reply(self, fut: concurrent.futures.Future, timeout: float):
-        """The reply of a blocking operation, read by this thread if no one else reads.
+        """The reply of a blocking call (``request(blocking=True)``), read by this thread if no one else reads.
 
         Raises ``concurrent.futures.TimeoutError`` after ``timeout`` seconds,
         or the operation's error (``PeerDiedError`` if the connection was lost)."""
@@ -222,6 +265,7 @@ class ChannelClient:
         with self._lock:
             self._dead = self._dead or reason
             pending, self._pending = self._pending, {}
+            self._blocking.clear()
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(PeerDiedError(reason, peer=self.host))
@@ -232,7 +276,8 @@ class ChannelClient:
 
         ``blocking``: the caller goes on to ``wait_reply``, which reads the
         reply itself if no one reads, so the background reader is not woken
-        for it (it still reads it if it is awake for something else)."""
+        for it (it still reads it if it is awake for something else).  The
+        future must then get no callbacks: whichever thread reads sets it."""
         self._send_abandoned()  # before this request, so an item put back keeps its place ahead of it
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
@@ -240,6 +285,8 @@ class ChannelClient:
                 raise PeerDiedError(self._dead, peer=self.host)
             rid = next(self._ids)
             self._pending[rid] = fut
+            if blocking:
+                self._blocking.add(rid)
         ctrl["id"] = rid
         acks = self._take_acks() if self._acks else None
         if acks:
@@ -250,6 +297,7 @@ class ChannelClient:
         except Exception as exc:
             with self._lock:
                 self._pending.pop(rid, None)
+                self._blocking.discard(rid)
             if isinstance(exc, TimeoutError) and self._link.is_open():
                 if acks:
                     self._acks.extendleft(reversed(acks))  # not sent: they ride on the next message
@@ -297,6 +345,7 @@ class ChannelClient:
         """Give up request ``rid``: the host drops it, or puts back the items it already sent for it."""
         with self._lock:
             self._pending.pop(rid, None)
+            self._blocking.discard(rid)
         self._send_one_way({"id": 0, "op": "cancel", "target": rid})
 
     def abandon(self, rid: int) -> None:
@@ -307,8 +356,8 @@ class ChannelClient:
         """Say goodbye (so the host has read every ack sent before), then close the connection."""
         if self._dead is None:
             try:
-                _, fut = self.request({"op": "bye"}, (), grace)
-                fut.result(grace)  # bounded; a host that does not answer is closed on anyway
+                _, fut = self.request({"op": "bye"}, (), grace, blocking=True)
+                self.wait_reply(fut, grace)  # bounded; a host that does not answer is closed on anyway
             except Exception:
                 pass
         self.fail(f"the connection to channel {self.channel!r} was closed")

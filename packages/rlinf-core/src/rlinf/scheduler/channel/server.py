@@ -340,7 +340,7 @@ class ChannelServer:
             try:
                 now = time.monotonic()
                 wait = min(next_check, self._timers[0][0] if self._timers else next_check) - now
-                if self._again or self._inbox:
+                if self._again or self._inbox or self._to_flush:  # replies made while flushing go out now
                     wait = 0
                 # bounded: at most _CHECK_EVERY; a post from another thread wakes it at once
                 for key, mask in self._selector.select(max(0.0, wait)):

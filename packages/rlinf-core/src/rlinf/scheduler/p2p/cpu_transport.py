@@ -296,8 +296,9 @@ class SocketLink(Link):
         """``Link.send_now``: on a Unix socket, a message of at most ``SEND_NOW_MAX`` bytes (and a
         quarter of the socket's send buffer) while the socket polls writable.  The kernel reports a
         Unix stream socket writable only while at most a quarter of its send buffer is queued at the
-        peer, so such a message is taken whole by one ``sendmsg``.  Never on TCP, where writable promises only some room (a part sent would have
-        to wait for the rest)."""
+        peer, so such a message is taken whole by one ``sendmsg`` (Linux's rule; where it does not
+        hold, a partial send waits up to a second, then breaks the link).  Never on TCP, where
+        writable promises only some room (a part sent would have to wait for the rest)."""
         if not self.local or self._wbroken is not None:
             return False
         total = 0
@@ -484,7 +485,8 @@ class SocketLink(Link):
         return _Partial(bool(flags & FLAG_RAW), frames)
 
     def _finish(self, msg: _Partial, deadline: Optional[float]) -> tuple[bool, list]:
-        """Read the rest of ``msg`` into buffers of its own; on a timeout ``msg`` is kept to resume."""
+        """Read the rest of ``msg`` into buffers of its own; on a timeout or an interrupt (Ctrl-C in the
+        reading thread) ``msg`` is kept to resume, so the next receive does not read its body as a header."""
         frames, out = msg.frames, msg.out
         try:
             while msg.index < len(frames):
@@ -507,8 +509,9 @@ class SocketLink(Link):
                         msg.pos = progress[0]
                 msg.index += 1
                 msg.pos = 0
-        except TimeoutError:
-            self._partial = msg
+        except BaseException as exc:
+            if isinstance(exc, TimeoutError) or not isinstance(exc, Exception):
+                self._partial = msg
             raise
         self._partial = None
         msg.shm = None

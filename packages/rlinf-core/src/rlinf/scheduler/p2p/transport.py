@@ -95,7 +95,8 @@ class Link(ABC):
         For an event loop that must never wait on a peer (the channel host
         answers small requests this way instead of handing each reply to a
         sender thread).  True: sent, as ``send`` would have.  False: nothing
-        was sent and the link is as it was.  The default never sends.
+        was sent and the link is as it was.  Raises as ``send`` does when the
+        link has failed.  The default never sends.
         """
         return False
 
