@@ -371,20 +371,54 @@ def test_callbacks_never_run_in_a_callers_thread_and_an_interrupted_read_fails_n
         w.wait(timeout=30)
     assert sorted(ch.get(key="out", timeout=20) for _ in range(100)) == list(range(100))
 
-    pending = ch.get(key="b", async_op=True)
+    pending = []
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        # made while this thread reads (nothing else is awaited before it, so it reads)
+        threading.Timer(0.3, lambda: pending.append(ch.get(key="b", async_op=True))).start()
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
         with pytest.raises(KeyboardInterrupt):
             ch.get(key="a", timeout=30)  # parked: this thread reads until the interrupt
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     with pytest.raises(PeerDiedError, match="KeyboardInterrupt interrupted a read"):
-        pending.wait(timeout=10)
+        pending[0].wait(timeout=10)
     ch.put("z", key="a", timeout=20)  # a fresh connection
     assert ch.get(key="a", timeout=20) == "z"
+
+
+def test_callbacks_that_make_calls_read_in_turn_and_one_that_waits_ends_in_bounded_time(cluster, short_limits):
+    """Callbacks of asynchronous operations run on the background reader.  One that makes a blocking
+    call while a caller reads gets its reply even after that caller stops reading (it takes its turn
+    to read).  One that waits, without a limit, for another asynchronous operation of the same
+    channel holds up every hand-over: the connection is declared dead within a few heartbeats, with
+    a message saying why, even while other threads' blocking calls keep the host heard from."""
+    ch = Channel.create("callbacks")
+    works = []
+
+    def chain():  # made while this thread reads: its callback's get parks at the host
+        works.append(ch.get(key="y", async_op=True).then(lambda v: (v, ch.get(key="z", timeout=30))))
+
+    threading.Timer(0.3, chain).start()
+    threading.Timer(0.6, lambda: ch.put("yv", key="y", timeout=20)).start()
+    with pytest.raises(CommTimeoutError):
+        ch.get(key="x", timeout=2)  # then this thread stops reading; the callback's get is still parked
+    ch.put("zv", key="z", async_op=True).wait(timeout=20)  # its reply: read by the callback's call in turn
+    assert works and works[0].wait(timeout=30) == ("yv", "zv")
+
+    other = ch.get(key="q", async_op=True)
+    stuck = ch.get(key="p", async_op=True).then(lambda v: other.wait())  # waits with no limit
+    ch.put("pv", key="p", timeout=20)
+    ch.put("qv", key="q", timeout=20)  # its reply waits behind the stuck callback
+    start = time.monotonic()
+    while not stuck.done() and time.monotonic() - start < 20:
+        ch.put(0, key="busy", timeout=20)  # blocking calls read the host's pongs meanwhile
+        time.sleep(0.1)
+    with pytest.raises(PeerDiedError, match="a callback of an asynchronous operation .* has run for"):
+        stuck.wait(timeout=1)
+    assert time.monotonic() - start < 10

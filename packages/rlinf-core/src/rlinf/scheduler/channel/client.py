@@ -1,10 +1,9 @@
 """The client side of a channel: one connection per process per channel.
 
-Requests carry ids, and whoever reads the connection hands each reply to the
-future of its request, so any number of blocking and asynchronous
-operations, on any keys and from any threads, share the connection without
-ever receiving another caller's item.  If the host goes away every pending
-operation fails at once.
+Requests carry ids, and each reply goes to the future of its request, so
+any number of blocking and asynchronous operations, on any keys and from any
+threads, share the connection without ever receiving another caller's item.
+If the host goes away every pending operation fails at once.
 
 One thread at a time reads (the *reader*).  A blocking operation whose
 thread finds no reader reads until its own reply has come: handing each
@@ -14,8 +13,11 @@ place, 163 us for the bare exchange on the link, on a 2-core machine).
 Otherwise a background reader thread reads whenever a reply or a pong is
 awaited and no caller reads.  Any reader sets the futures of blocking calls
 (they have no callbacks); other replies go to the background reader, so the
-callbacks of asynchronous operations run only there, never in a caller's
-thread (where a Ctrl-C could land in them).
+callbacks of asynchronous operations never run in a thread that read for
+another call (where a Ctrl-C could land in them).  A callback must not wait
+for another operation of the same channel: it holds up the hand-over of
+every reply, and the heartbeat thread declares the connection dead once it
+has run for several heartbeats with replies waiting.
 
 Every send has a deadline.  A heartbeat thread pings the host; a host not
 heard from for several heartbeats is declared dead (the link is closed, so
@@ -71,6 +73,7 @@ class ChannelClient:
         self._blocking: set = set()
         #: replies read by a caller for other operations, handed to their futures by the background reader
         self._replies: collections.deque = collections.deque()
+        self._handing_since: Optional[float] = None  # when the hand-over running now began (its callbacks run)
         self._turn = threading.Condition(threading.Lock())  # guards _reader; wakes the background reader
         threading.Thread(target=self._read_replies, name=f"rlinf-channel-{channel}-replies", daemon=True).start()
         threading.Thread(target=self._heartbeat, name=f"rlinf-channel-{channel}-heartbeat", daemon=True).start()
@@ -123,7 +126,7 @@ class ChannelClient:
                 if fut is not None and not fut.done():
                     fut.set_result((ctrl, frames[1:]))
             else:
-                self._replies.append((rid, ctrl, frames[1:]))
+                self._replies.append((time.monotonic(), rid, ctrl, frames[1:]))
                 self._nudge()
             return True
         except TimeoutError:
@@ -144,11 +147,15 @@ class ChannelClient:
     def _hand_over(self) -> None:
         """Set the futures of the queued replies (background reader only: their callbacks run here)."""
         while self._replies:
-            rid, ctrl, frames = self._replies.popleft()
+            _queued, rid, ctrl, frames = self._replies.popleft()
             with self._lock:
                 fut = self._pending.pop(rid, None)
             if fut is not None and not fut.done():
-                fut.set_result((ctrl, frames))
+                self._handing_since = time.monotonic()
+                try:
+                    fut.set_result((ctrl, frames))  # runs its callbacks
+                finally:
+                    self._handing_since = None
             # else: a reply to a request given up; the cancel sent for it makes the host put its items back
 
     def _awaited(self) -> bool:
@@ -165,13 +172,14 @@ class ChannelClient:
             return "held" if self._reader == me else None
 
     def _release(self) -> None:
+        self._reader = None  # first, outside the lock: an interrupt while taking it must not leave us the reader
         with self._turn:
-            self._reader = None
             if self._awaited() or self._replies:
                 self._turn.notify_all()  # what this reader leaves unread is the background reader's
 
     def _nudge(self) -> None:
-        """Replies to hand over, or something awaited that no one reads: wake the background reader."""
+        """A request, ping or reply was added: wake the background reader if it may have work (it
+        checks what is awaited itself)."""
         with self._turn:
             if self._reader is None or self._replies:
                 self._turn.notify_all()
@@ -202,16 +210,24 @@ class ChannelClient:
                     self._hand_over()
             finally:
                 self._release()
-        self._hand_over()  # replies read before the end (futures of the rest failed with the connection)
 
     def wait_reply(self, fut: concurrent.futures.Future, timeout: float):
-        """The reply of a blocking call (``request(blocking=True)``), read by this thread if no one else reads.
+        """The reply of a blocking call (``request(blocking=True)``), read by this thread whenever no
+        one else reads (looked at again every half second while another thread reads).
 
         Raises ``concurrent.futures.TimeoutError`` after ``timeout`` seconds,
         or the operation's error (``PeerDiedError`` if the connection was lost)."""
         deadline = time.monotonic() + timeout
-        claim = self._claim()
-        if claim:
+        while not fut.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise concurrent.futures.TimeoutError()
+            claim = self._claim()
+            if not claim:  # another thread reads; it may stop before our reply (a callback's call)
+                try:
+                    return fut.result(min(left, 0.5))
+                except concurrent.futures.TimeoutError:
+                    continue
             try:
                 while not fut.done():
                     left = deadline - time.monotonic()
@@ -225,7 +241,7 @@ class ChannelClient:
             finally:
                 if claim == "new":
                     self._release()
-        return fut.result(max(0.0, deadline - time.monotonic()))
+        return fut.result(0)
 
     def _heartbeat(self) -> None:
         next_beat = time.monotonic()
@@ -238,6 +254,13 @@ class ChannelClient:
                 if acks:
                     self._send_one_way({"id": 0, "op": "ack", "ids": acks})
             now = time.monotonic()
+            since = self._handing_since
+            held = now - since if since is not None and self._replies else 0.0
+            if held > dead_after:
+                self.fail(f"a callback of an asynchronous operation on channel {self.channel!r} has run for "
+                          f"{held:.1f} s while replies to others wait to be handed over (a callback must not wait "
+                          f"for an operation of the same channel)")
+                return
             if now - self._last_heard > dead_after:
                 self.fail(f"the host of channel {self.channel!r} ({self.host}) has not answered for {now - self._last_heard:.1f} s "
                           f"(heartbeats every {self._beat:g} s); its process may have died or hung")
