@@ -44,13 +44,17 @@ DEFAULT_REFRESH = 30.0
 STALE_AFTER_REFRESHES = 10
 
 
-def refresh_interval() -> float:
-    raw = os.environ.get(REFRESH_ENV)
+def _interval(raw) -> float:
+    """A positive number of seconds, else the default."""
     try:
         value = float(raw) if raw else DEFAULT_REFRESH
-    except ValueError:
-        value = DEFAULT_REFRESH
+    except (TypeError, ValueError):
+        return DEFAULT_REFRESH
     return value if value > 0 else DEFAULT_REFRESH
+
+
+def refresh_interval() -> float:
+    return _interval(os.environ.get(REFRESH_ENV))
 
 
 def _refresh() -> None:
@@ -122,11 +126,7 @@ def _alive(pid: int) -> bool:
 
 def _job_refresh(body: dict) -> float:
     """The refresh interval the job's rank 0 uses (older files: the default)."""
-    try:
-        value = float(body.get("refresh") or DEFAULT_REFRESH)
-    except (TypeError, ValueError):
-        return DEFAULT_REFRESH
-    return value if value > 0 else DEFAULT_REFRESH
+    return _interval(body.get("refresh"))
 
 
 def running_groups(timeout: float) -> Optional[dict]:

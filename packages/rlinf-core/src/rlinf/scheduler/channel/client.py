@@ -132,17 +132,18 @@ class ChannelClient:
         except TimeoutError:
             if self._dead is None and self._link.is_open():
                 raise
-            self.fail(self._dead or f"the connection to the host of channel {self.channel!r} ({self.host}) was lost")
+            self.fail(self._dead or f"{self._connection()} was lost")
             return False
         except Exception as exc:
             # close our end too (its descriptor and mappings), then fail what waits
-            self.fail(self._dead or f"the connection to the host of channel {self.channel!r} ({self.host}) was lost: "
-                                    f"{type(exc).__name__}: {exc}")
+            self.fail(self._dead or f"{self._connection()} was lost: {type(exc).__name__}: {exc}")
             return False
         except BaseException as exc:
-            self.fail(f"the connection to the host of channel {self.channel!r} ({self.host}) was given up: "
-                      f"{type(exc).__name__} interrupted a read of it")
+            self.fail(f"{self._connection()} was given up: {type(exc).__name__} interrupted a read of it")
             raise
+
+    def _connection(self) -> str:
+        return f"the connection to the host of channel {self.channel!r} ({self.host})"
 
     def _hand_over(self) -> None:
         """Set the futures of the queued replies (background reader only: their callbacks run here)."""
@@ -257,7 +258,7 @@ class ChannelClient:
             since = self._handing_since
             held = now - since if since is not None and self._replies else 0.0
             if held > dead_after:
-                self.fail(f"a callback of an asynchronous operation on channel {self.channel!r} has run for "
+                self.fail(f"a callback of an asynchronous operation on channel {self.channel!r} ({self.host}) has run for "
                           f"{held:.1f} s while replies to others wait to be handed over (a callback must not wait "
                           f"for an operation of the same channel)")
                 return
