@@ -413,8 +413,9 @@ def test_callbacks_that_make_calls_read_in_turn_and_one_that_waits_ends_in_bound
 
     other = ch.get(key="q", async_op=True)
     stuck = ch.get(key="p", async_op=True).then(lambda v: other.wait())  # waits with no limit
-    ch.put("pv", key="p", timeout=20)
-    ch.put("qv", key="q", timeout=20)  # its reply waits behind the stuck callback
+    ch.put("pv", key="p", async_op=True)  # no caller reads: the background reader reads its reply,
+    time.sleep(0.5)  # and must stop reading before it runs the callback
+    ch.put("qv", key="q", timeout=20)  # reads in turn; its get's reply waits behind the stuck callback
     start = time.monotonic()
     while not stuck.done() and time.monotonic() - start < 20:
         ch.put(0, key="busy", timeout=20)  # blocking calls read the host's pongs meanwhile
@@ -422,3 +423,16 @@ def test_callbacks_that_make_calls_read_in_turn_and_one_that_waits_ends_in_bound
     with pytest.raises(PeerDiedError, match="a callback of an asynchronous operation .* has run for"):
         stuck.wait(timeout=1)
     assert time.monotonic() - start < 10
+
+
+def test_a_slow_callback_does_not_make_a_live_host_look_silent(cluster, short_limits):
+    """A callback that runs longer than the host may stay silent (five heartbeats) while no other
+    reply waits for it: the host's pongs are still read, so the connection and an operation parked
+    at the host meanwhile live on."""
+    ch = Channel.create("slow-callback")
+    parked = ch.get(key="later", async_op=True)
+    slow = ch.get(key="a", async_op=True).then(lambda v: time.sleep(4) or v)  # 4 s > 2.5 s
+    ch.put("av", key="a", timeout=20)
+    assert slow.wait(timeout=20) == "av"
+    ch.put("lv", key="later", timeout=20)
+    assert parked.wait(timeout=20) == "lv"

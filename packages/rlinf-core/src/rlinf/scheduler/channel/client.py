@@ -11,7 +11,8 @@ reply from a reader thread to the waiting caller had cost as much as the
 rest of a put or get (a put and a get: 350 us handed over, 188 us read in
 place, 163 us for the bare exchange on the link, on a 2-core machine).
 Otherwise a background reader thread reads whenever a reply or a pong is
-awaited and no caller reads.  Any reader sets the futures of blocking calls
+awaited and no caller reads; it stops reading to run callbacks, and while
+one runs the heartbeat thread reads.  Any reader sets the futures of blocking calls
 (they have no callbacks); other replies go to the background reader, so the
 callbacks of asynchronous operations never run in a thread that read for
 another call (where a Ctrl-C could land in them).  A callback must not wait
@@ -162,15 +163,13 @@ class ChannelClient:
     def _awaited(self) -> bool:
         return bool(self._pending) or self._ping_out
 
-    def _claim(self) -> Optional[str]:
-        """Become the reader: "new", "held" (this thread reads already: a callback run by the
-        background reader), or None (another thread reads)."""
-        me = threading.get_ident()
+    def _claim(self) -> bool:
+        """Become the reader; False if another thread reads (a callback never runs in a reader)."""
         with self._turn:
             if self._reader is None:
-                self._reader = me
-                return "new"
-            return "held" if self._reader == me else None
+                self._reader = threading.get_ident()
+                return True
+            return False
 
     def _release(self) -> None:
         self._reader = None  # first, outside the lock: an interrupt while taking it must not leave us the reader
@@ -187,28 +186,32 @@ class ChannelClient:
 
     def _read_replies(self) -> None:
         """The background reader: hands queued replies over, and reads while a reply or pong is
-        awaited and no caller reads."""
+        awaited and no caller reads.
+
+        It stops reading before it hands over: a callback may make a blocking
+        call (which must be able to read its own reply) or wait too long
+        (then others must still read, so pongs keep coming and the heartbeat
+        can name the stuck callback instead of a silent host)."""
         me = threading.get_ident()
         while self._dead is None:
             with self._turn:
                 if self._replies:
-                    claimed = False
+                    reading = False
                 elif self._reader is not None or not self._awaited():
                     self._turn.wait(1.0)  # bounded; woken by requests, pings, replies and readers that stop
                     continue
                 else:
-                    self._reader, claimed = me, True
-            self._hand_over()
-            if not claimed:
+                    self._reader, reading = me, True
+            if not reading:
+                self._hand_over()
                 continue
             try:
-                while self._dead is None and self._awaited():
+                while self._dead is None and self._awaited() and not self._replies:
                     try:
                         if not self._read_one(time.monotonic() + 0.5):
                             break
                     except TimeoutError:
                         pass  # looks again whether anything is still awaited
-                    self._hand_over()
             finally:
                 self._release()
 
@@ -223,8 +226,7 @@ class ChannelClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise concurrent.futures.TimeoutError()
-            claim = self._claim()
-            if not claim:  # another thread reads; it may stop before our reply (a callback's call)
+            if not self._claim():  # another thread reads; it may stop before our reply (a callback's call)
                 try:
                     return fut.result(min(left, 0.5))
                 except concurrent.futures.TimeoutError:
@@ -240,8 +242,7 @@ class ChannelClient:
                     except TimeoutError:
                         pass
             finally:
-                if claim == "new":
-                    self._release()
+                self._release()
         return fut.result(0)
 
     def _heartbeat(self) -> None:
@@ -271,6 +272,27 @@ class ChannelClient:
                 self._ping_out = True
                 self._send_one_way({"id": 0, "op": "ping"})
                 self._nudge()
+            if self._handing_since is not None:
+                self._read_for_a_tick()
+
+    def _read_for_a_tick(self) -> None:
+        """Read for one heartbeat tick while a callback runs and no one else reads.
+
+        The background reader runs callbacks; one that runs long must not
+        make a live host look silent.  What is read here is routed like any
+        read (no callback runs in this thread)."""
+        if not self._claim():
+            return
+        try:
+            end = time.monotonic() + min(0.2, self._beat)
+            while self._dead is None and self._awaited() and time.monotonic() < end:
+                try:
+                    if not self._read_one(end):
+                        return
+                except TimeoutError:
+                    return
+        finally:
+            self._release()
 
     def fail(self, reason: str) -> None:
         """Declare the connection dead: close it and fail every pending operation."""
