@@ -763,3 +763,46 @@ def test_send_now_sends_a_small_message_whole_or_nothing_and_never_waits(monkeyp
         link.send([last], time.monotonic() + 30)  # still usable: an ordinary send follows
         got = [bytes(taken[0].recv(time.monotonic() + 10)[1][0]) for _ in range(len(sent) + 1)]
         assert got == sent + [last]
+
+
+def test_a_send_behind_a_stalled_one_gives_up_at_its_deadline_with_nothing_sent(monkeypatch):
+    """Sends on one link go one message at a time.  A send waiting behind another that stalls (its
+    peer reads nothing) gives up at its own deadline, sends nothing and leaves the link usable;
+    meanwhile the link says when bytes last moved, both ways (a peer mid-message is alive)."""
+    with _connected_pair(monkeypatch, "tcp") as (link, taken):
+        big = bytes(64 << 20)  # the peer reads one ahead (its budget), then the kernel buffers fill
+
+        def stalled():
+            for _ in range(2):
+                link.send([big], time.monotonic() + 60)
+
+        first = threading.Thread(target=stalled, daemon=True)
+        first.start()
+        time.sleep(0.5)
+        moved = link.last_progress()
+        assert moved > 0 and first.is_alive()
+        outcome = []
+
+        def second():
+            start = time.monotonic()
+            try:
+                link.send([b"second"], time.monotonic() + 0.5)
+                outcome.append("sent")
+            except TimeoutError:
+                outcome.append(time.monotonic() - start)
+
+        waiter = threading.Thread(target=second, daemon=True)
+        waiter.start()
+        waiter.join(10)
+        try:
+            assert outcome and outcome[0] != "sent" and outcome[0] < 3, outcome
+            assert link.is_open()
+        finally:
+            peer = taken[0]
+            before = time.monotonic()
+            got = [bytes(peer.recv(time.monotonic() + 60)[1][0]) == big for _ in range(2)]  # the stalled send completes
+            first.join(30)
+        assert got == [True, True] and not first.is_alive()
+        assert peer.last_progress() > before and link.last_progress() > moved
+        link.send([b"third"], time.monotonic() + 10)
+        assert bytes(peer.recv(time.monotonic() + 10)[1][0]) == b"third"  # "second" never left

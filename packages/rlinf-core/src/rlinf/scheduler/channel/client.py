@@ -18,10 +18,14 @@ callbacks of asynchronous operations never run in a thread that read for
 another call (where a Ctrl-C could land in them).  A callback must not wait
 for another operation of the same channel: it holds up the hand-over of
 every reply, and the heartbeat thread declares the connection dead once it
-has run for several heartbeats with replies waiting.
+has run for several heartbeats with replies waiting.  When the connection
+is declared dead, every pending operation fails at once in the thread that
+found it dead (so a callback stuck on one of them is released).
 
-Every send has a deadline.  A heartbeat thread pings the host; a host not
-heard from for several heartbeats is declared dead (the link is closed, so
+Every send has a deadline, which also bounds its wait for another
+thread's send on the link.  A heartbeat thread pings the host; a host not
+heard from for several heartbeats (a whole message, or bytes of a long one
+moving either way) is declared dead (the link is closed, so
 every waiting operation raises ``PeerDiedError``).  A client acknowledges an
 item once it hands it to its user, and cancels a request it gives up, so the
 host can put an item that never reached a user back into its queue.
@@ -75,7 +79,11 @@ class ChannelClient:
         #: replies read by a caller for other operations, handed to their futures by the background reader
         self._replies: collections.deque = collections.deque()
         self._handing_since: Optional[float] = None  # when the hand-over running now began (its callbacks run)
-        self._turn = threading.Condition(threading.Lock())  # guards _reader; wakes the background reader
+        #: guards _reader; its Condition wakes the background reader.  Callers take the plain lock
+        #: (``with self._turn_lock``): a C lock's enter and exit leave no gap where a Ctrl-C could
+        #: land with it held, as the Condition's Python-level ``__exit__`` would
+        self._turn_lock = threading.Lock()
+        self._turn = threading.Condition(self._turn_lock)
         threading.Thread(target=self._read_replies, name=f"rlinf-channel-{channel}-replies", daemon=True).start()
         threading.Thread(target=self._heartbeat, name=f"rlinf-channel-{channel}-heartbeat", daemon=True).start()
 
@@ -165,7 +173,7 @@ class ChannelClient:
 
     def _claim(self) -> bool:
         """Become the reader; False if another thread reads (a callback never runs in a reader)."""
-        with self._turn:
+        with self._turn_lock:
             if self._reader is None:
                 self._reader = threading.get_ident()
                 return True
@@ -173,14 +181,14 @@ class ChannelClient:
 
     def _release(self) -> None:
         self._reader = None  # first, outside the lock: an interrupt while taking it must not leave us the reader
-        with self._turn:
+        with self._turn_lock:
             if self._awaited() or self._replies:
                 self._turn.notify_all()  # what this reader leaves unread is the background reader's
 
     def _nudge(self) -> None:
         """A request, ping or reply was added: wake the background reader if it may have work (it
         checks what is awaited itself)."""
-        with self._turn:
+        with self._turn_lock:
             if self._reader is None or self._replies:
                 self._turn.notify_all()
 
@@ -189,9 +197,10 @@ class ChannelClient:
         awaited and no caller reads.
 
         It stops reading before it hands over: a callback may make a blocking
-        call (which must be able to read its own reply) or wait too long
-        (then others must still read, so pongs keep coming and the heartbeat
-        can name the stuck callback instead of a silent host)."""
+        call, which must be able to read its own reply, and a slow callback
+        must not keep the host's pongs unread (the heartbeat thread reads
+        meanwhile).  A callback that runs for several heartbeats while other
+        replies wait is taken as stuck (see the module docstring)."""
         me = threading.get_ident()
         while self._dead is None:
             with self._turn:
@@ -250,11 +259,12 @@ class ChannelClient:
         dead_after = DEAD_AFTER_BEATS * self._beat
         while self._dead is None:
             time.sleep(min(0.2, self._beat))  # also sends cancels of dropped works (a new request sends them at once)
-            self._send_abandoned()
+            limit = self._beat  # a send of this thread waits behind a caller's at most a beat: then it checks again
+            self._send_abandoned(limit)
             if self._acks:
                 acks = self._take_acks()
-                if acks:
-                    self._send_one_way({"id": 0, "op": "ack", "ids": acks})
+                if acks and not self._send_one_way({"id": 0, "op": "ack", "ids": acks}, limit):
+                    self._acks.extendleft(reversed(acks))  # not sent: next tick
             now = time.monotonic()
             since = self._handing_since
             held = now - since if since is not None and self._replies else 0.0
@@ -263,15 +273,16 @@ class ChannelClient:
                           f"{held:.1f} s while replies to others wait to be handed over (a callback must not wait "
                           f"for an operation of the same channel)")
                 return
-            if now - self._last_heard > dead_after:
-                self.fail(f"the host of channel {self.channel!r} ({self.host}) has not answered for {now - self._last_heard:.1f} s "
+            heard = max(self._last_heard, self._link.last_progress())  # bytes moving mid-message: alive
+            if now - heard > dead_after:
+                self.fail(f"the host of channel {self.channel!r} ({self.host}) has not answered for {now - heard:.1f} s "
                           f"(heartbeats every {self._beat:g} s); its process may have died or hung")
                 return
             if now >= next_beat:
                 next_beat = now + self._beat
-                self._ping_out = True
-                self._send_one_way({"id": 0, "op": "ping"})
-                self._nudge()
+                if self._send_one_way({"id": 0, "op": "ping"}, limit):  # else a caller's send holds the link
+                    self._ping_out = True
+                    self._nudge()
             if self._handing_since is not None:
                 self._read_for_a_tick()
 
@@ -304,7 +315,7 @@ class ChannelClient:
         except Exception:
             pass
         self._fail_all(reason)
-        with self._turn:
+        with self._turn_lock:
             self._turn.notify_all()  # the background reader ends
 
     def _fail_all(self, reason: str) -> None:
@@ -355,21 +366,27 @@ class ChannelClient:
             self._nudge()
         return rid, fut
 
-    def _send_abandoned(self) -> None:
-        while self._abandoned:
+    def _send_abandoned(self, limit: Optional[float] = None) -> None:
+        for _ in range(len(self._abandoned)):  # those put back by a cancel not sent wait for the next call
             try:
                 rid = self._abandoned.popleft()
             except IndexError:  # another thread took the last one
                 return
-            self.cancel(rid)
+            self.cancel(rid, limit)
 
-    def _send_one_way(self, ctrl: dict) -> None:
+    def _send_one_way(self, ctrl: dict, limit: Optional[float] = None) -> bool:
+        """Send a message that gets no reply; False if it could not start within ``limit`` s (the send
+        timeout by default) while another thread's send held the link (nothing was sent)."""
         if self._dead:
-            return
+            return True  # nothing to send it on; fail() has failed what waited
         try:
-            self._link.send([pack(ctrl)], time.monotonic() + self._send_timeout)
+            self._link.send([pack(ctrl)], time.monotonic() + (self._send_timeout if limit is None else limit))
+            return True
         except Exception as exc:
+            if isinstance(exc, TimeoutError) and self._link.is_open():
+                return False
             self.fail(f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}")
+            return True
 
     def ack(self, rid: int) -> None:
         """The items of reply ``rid`` reached the user: the host may forget them.
@@ -387,12 +404,16 @@ class ChannelClient:
             except IndexError:
                 return acks
 
-    def cancel(self, rid: int) -> None:
-        """Give up request ``rid``: the host drops it, or puts back the items it already sent for it."""
+    def cancel(self, rid: int, limit: Optional[float] = None) -> None:
+        """Give up request ``rid``: the host drops it, or puts back the items it already sent for it.
+
+        A cancel that cannot be sent within ``limit`` s (another send holds
+        the link) is sent later by the heartbeat thread, never dropped."""
         with self._lock:
             self._pending.pop(rid, None)
             self._blocking.discard(rid)
-        self._send_one_way({"id": 0, "op": "cancel", "target": rid})
+        if not self._send_one_way({"id": 0, "op": "cancel", "target": rid}, limit):
+            self._abandoned.append(rid)
 
     def abandon(self, rid: int) -> None:
         """``cancel`` from a garbage-collection finalizer: queued, sent by the heartbeat thread."""

@@ -38,7 +38,8 @@ Nothing is lost and nothing hangs:
   their queues, in order;
 * every send has a deadline: a client that does not take its replies for
   that long (its socket stays full, or one send does not finish), or that has
-  not been heard from for several heartbeats, is treated as dead: its link
+  not been heard from for several heartbeats (bytes of a long message
+  arriving count), is treated as dead: its link
   is closed and its items are put back;
 * a departed client's link and state are released.
 """
@@ -274,7 +275,7 @@ class ChannelServer:
 
     def _read(self, conn: _Conn) -> None:
         """Serve the requests that arrived whole on ``conn``, a burst at a time (fair to the others)."""
-        for _ in range(_READ_BURST):
+        for served in range(_READ_BURST):
             if not conn.alive:
                 return
             try:
@@ -284,6 +285,8 @@ class ChannelServer:
                 return
             if msg is None:
                 self._again.discard(conn)
+                if not served:  # readable, but no whole message yet: the bytes of a long one are arriving
+                    conn.last_heard = time.monotonic()
                 return
             self._on_message(conn, msg[1])
         self._again.add(conn)  # more may sit in the link's buffer, where the selector cannot see it

@@ -160,6 +160,7 @@ class SocketLink(Link):
         self._wbroken: Optional[str] = None  # why no more messages can be sent
         self._rbroken: Optional[str] = None  # why no more messages can be received
         self._wlock = threading.RLock()  # send_now holds it around send
+        self._moved_at = 0.0  # when bytes last moved either way (see last_progress)
         self._rlock = threading.Lock()
         self._ahead_cond: Optional[threading.Condition] = None
         self._ahead_error: Optional[BaseException] = None
@@ -221,11 +222,16 @@ class SocketLink(Link):
 
     def settle(self, deadline: Optional[float]) -> None:
         """Send what is owed now, if no send did yet; a failure shows as the link's end to the peer."""
-        with self._wlock:
-            try:
-                self._pay_owed(deadline)
-            except (OSError, TimeoutError):
-                pass
+        try:
+            self._take_turn_to_send(deadline)
+        except TimeoutError:
+            return  # another send is under way: it pays what is owed first
+        try:
+            self._pay_owed(deadline)
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            self._wlock.release()
 
     def _pay_owed(self, deadline: Optional[float]) -> None:  # under _wlock
         owed = self._owed
@@ -272,25 +278,58 @@ class SocketLink(Link):
         header = b"".join(
             [_HEADER.pack(KIND_DATA, FLAG_RAW if raw else 0, len(views), len(newsegs), len(drops)), *newsegs, *drops, *descs]
         )
-        progress = [0]
-        with self._wlock:
-            try:
-                if self._owed is not None:
-                    self._pay_owed(deadline)
-                self._send_all([header, *inline], fds, deadline, progress)
-            except BaseException as exc:
-                if progress[0]:
-                    # torn message: end the stream here so the receiver drops it and keeps the rest
-                    self._wbroken = f"a send failed midway ({type(exc).__name__})"
-                    try:
-                        self.sock.shutdown(socket.SHUT_WR)
-                    except OSError:
-                        pass
-                elif seg is not None:
-                    self._pool.unsent(seg, created, [_DROP.unpack(d)[0] for d in drops])
-                raise
+        unsent = None if seg is None else lambda: self._pool.unsent(seg, created, [_DROP.unpack(d)[0] for d in drops])
+        self._send_message([header, *inline], fds, deadline, unsent)
         if fds:
             self._pool.sent(seg)
+
+    def _send_message(self, pending: list, fds: list, deadline: Optional[float], unsent=None) -> None:
+        """Send one message whole, after any other thread's and what is owed; ``unsent()`` is called
+        if it fails with nothing of it sent.  A message that fails midway ends the stream here, so
+        the receiver drops it and keeps the rest."""
+        try:
+            self._take_turn_to_send(deadline)
+        except BaseException:
+            if unsent is not None:
+                unsent()
+            raise
+        progress = [0]
+        try:
+            if self._owed is not None:
+                self._pay_owed(deadline)
+            self._send_all(pending, fds, deadline, progress)
+        except BaseException as exc:
+            if progress[0]:
+                self._wbroken = f"a send failed midway ({type(exc).__name__})"
+                try:
+                    self.sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+            elif unsent is not None:
+                unsent()
+            raise
+        finally:
+            self._wlock.release()
+
+    def _take_turn_to_send(self, deadline: Optional[float]) -> None:
+        """Take ``_wlock`` (one message at a time), waiting for another thread's send at most until
+        ``deadline``: ``TimeoutError`` then, with nothing sent.  The caller releases it."""
+        try:
+            if deadline is None:
+                got = self._wlock.acquire()
+            else:
+                got = self._wlock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        except BaseException:  # an interrupt landing just after the lock was taken must not keep it
+            if self._wlock._is_owned():
+                self._wlock.release()
+            raise
+        if not got:
+            raise TimeoutError("another send on this connection held it until the deadline")
+
+    def last_progress(self) -> float:
+        """``Link.last_progress``: set when bytes are read, and when a send that found the buffers
+        full goes on (the peer read and made room)."""
+        return self._moved_at
 
     def send_now(self, frames: Sequence) -> bool:
         """``Link.send_now``: on a Unix socket, a message of at most ``SEND_NOW_MAX`` bytes (and a
@@ -330,20 +369,7 @@ class SocketLink(Link):
         views = [memoryview(f).cast("B") for f in inline]
         descs = [_FRAME.pack(INLINE, 0, 0, v.nbytes) for v in views]
         header = b"".join([_HEADER.pack(KIND_DATA, 0, len(descs), 0, 0), *descs])
-        progress = [0]
-        with self._wlock:
-            try:
-                if self._owed is not None:
-                    self._pay_owed(deadline)
-                self._send_all([header, *[v for v in views if v.nbytes]], list(fds), deadline, progress)
-            except BaseException as exc:
-                if progress[0]:
-                    self._wbroken = f"a send failed midway ({type(exc).__name__})"
-                    try:
-                        self.sock.shutdown(socket.SHUT_WR)
-                    except OSError:
-                        pass
-                raise
+        self._send_message([header, *[v for v in views if v.nbytes]], list(fds), deadline)
 
     def take_fds(self) -> list[int]:
         """Descriptors that arrived with the messages received so far and no segment claimed; the caller owns them."""
@@ -355,14 +381,18 @@ class SocketLink(Link):
         sock = self.sock
         anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         spun = [False]
+        waited = False
         while pending:
             try:
                 sent = sock.sendmsg(pending[:512], anc)
             except (BlockingIOError, InterruptedError):
                 self._wait(self._poll_out, deadline, spun)
+                waited = True
                 continue
             anc = []
             progress[0] += sent
+            if waited:  # the buffers were full and the peer made room: it reads (bytes merely queued prove nothing)
+                self._moved_at = time.monotonic()
             while sent and pending:
                 head = pending[0]
                 size = memoryview(head).nbytes
@@ -427,6 +457,7 @@ class SocketLink(Link):
             self._closed(self._rend != self._rstart)
         self._received = True
         self._rend += n
+        self._moved_at = time.monotonic()
 
     def _ensure(self, n: int, deadline: Optional[float]) -> None:
         """Buffer at least ``n`` unread bytes; consumes nothing, so a timeout loses nothing."""
@@ -456,6 +487,7 @@ class SocketLink(Link):
                 self._closed(True)
             pos += n
             progress[0] = pos
+            self._moved_at = time.monotonic()
 
     def _read_head(self, deadline: Optional[float]) -> _Partial:
         """Parse the next message's head, consuming it only once all of it has arrived."""

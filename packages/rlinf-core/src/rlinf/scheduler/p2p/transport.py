@@ -62,7 +62,11 @@ class Link(ABC):
 
     @abstractmethod
     def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
-        """Send one message.  ``raw`` marks a ``send_tensor`` message (no object header)."""
+        """Send one message.  ``raw`` marks a ``send_tensor`` message (no object header).
+
+        ``deadline`` bounds the whole send, including a wait for another
+        thread's send on the same link; ``TimeoutError`` with the link still
+        open means nothing of the message was sent."""
 
     @abstractmethod
     def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
@@ -99,6 +103,16 @@ class Link(ABC):
         link has failed.  The default never sends.
         """
         return False
+
+    def last_progress(self) -> float:
+        """When (``time.monotonic``) the peer was last seen moving bytes: ours (taken off full
+        buffers, not merely queued) or its own; 0.0 if the link cannot tell.
+
+        A peer in the middle of a long message, taking ours or sending its
+        own, is alive though no whole message comes: the channel client
+        counts this as hearing from its host.
+        """
+        return 0.0
 
     def poll_fd(self) -> Optional[int]:
         """A descriptor that turns readable when data arrives, so one event loop can serve many links.
