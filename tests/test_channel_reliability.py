@@ -380,7 +380,7 @@ def test_callbacks_never_run_in_a_callers_thread_and_an_interrupted_read_fails_n
     try:
         # made while this thread reads (nothing else is awaited before it, so it reads)
         threading.Timer(0.3, lambda: pending.append(ch.get(key="b", async_op=True))).start()
-        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        signal.setitimer(signal.ITIMER_REAL, 1.5)  # mid-way through a read slice (they last 1 s)
         with pytest.raises(KeyboardInterrupt):
             ch.get(key="a", timeout=30)  # parked: this thread reads until the interrupt
     finally:
@@ -436,3 +436,67 @@ def test_a_slow_callback_does_not_make_a_live_host_look_silent(cluster, short_li
     assert slow.wait(timeout=20) == "av"
     ch.put("lv", key="later", timeout=20)
     assert parked.wait(timeout=20) == "lv"
+
+
+def test_a_nowait_put_behind_a_stalled_send_times_out_and_the_connection_lives(cluster, short_limits, monkeypatch):
+    """``put_nowait`` waits for another thread's send on the same connection at most its own second:
+    a connection busy with a long send is a timeout, not a full queue.  The heartbeat does not queue
+    behind the stalled send either, and once the host reads again everything goes through."""
+    monkeypatch.setenv("RLINF_CPU_LOCAL", "0")  # TCP: a large item goes through the socket, not shared memory
+    ch = Channel.create("busy-link")
+    ch.put(0, key="warm", timeout=20)
+    assert ch.get(key="warm", timeout=20) == 0
+    pid = _host_pid(cluster, "busy-link")
+    big = torch.ones(32 * MiB, dtype=torch.uint8)  # more than the socket buffers of a stopped host take
+    stalled = threading.Thread(target=lambda: ch.put(big, key="big", timeout=20), daemon=True)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stalled.start()
+        time.sleep(0.3)
+        start = time.monotonic()
+        with pytest.raises(CommTimeoutError, match="another send"):
+            ch.put_nowait(1, key="small")
+        assert time.monotonic() - start < 2.0 and stalled.is_alive()
+    finally:
+        os.kill(pid, signal.SIGCONT)  # within the 2.5 s the host may stay silent
+    stalled.join(30)
+    assert not stalled.is_alive()
+    assert int(ch.get(key="big", timeout=20).sum()) == 32 * MiB
+    ch.put_nowait(2, key="small")
+    assert ch.get(key="small", timeout=20) == 2
+
+
+def test_a_put_that_takes_longer_than_the_silence_allowed_lives_while_its_bytes_move(cluster, short_limits, monkeypatch):
+    """A large item over TCP to a host that reads it slowly takes longer than either side may stay
+    silent (2.5 s here), and no whole message crosses meanwhile: bytes moving count as hearing from
+    the peer, on both sides, so neither gives the connection up."""
+    monkeypatch.setenv("RLINF_CPU_LOCAL", "0")
+    ch = Channel.create("slow-reader")
+    ch.put(0, key="warm", timeout=20)
+    assert ch.get(key="warm", timeout=20) == 0
+    pid = _host_pid(cluster, "slow-reader")
+    big = torch.ones(1024 * MiB, dtype=torch.uint8)
+    done = threading.Event()
+    errors = []
+
+    def put():
+        try:
+            ch.put(big, key="big", timeout=60)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    start = time.monotonic()
+    threading.Thread(target=put, daemon=True).start()
+    try:
+        while not done.is_set() and time.monotonic() - start < 30:  # the host runs 0.1 s of every 0.45 s
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.35)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.1)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert done.wait(30) and not errors, errors
+    assert time.monotonic() - start > 3, "the put went through too fast to prove anything"
+    assert int(ch.get(key="big", timeout=30).sum()) == 1024 * MiB

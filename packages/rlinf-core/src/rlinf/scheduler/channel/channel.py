@@ -227,7 +227,7 @@ class Channel:
         try:
             rid, fut = client.request(ctrl, frames, send_timeout, blocking=not async_op)
         except SendTimeout as exc:
-            if ctrl.get("nowait"):
+            if ctrl.get("nowait") and not exc.busy:
                 raise asyncio.QueueFull(f"{what}: the host is not taking items ({exc})") from None
             raise CommTimeoutError(f"{what}: {exc}", peer=client.host) from None
         if async_op:

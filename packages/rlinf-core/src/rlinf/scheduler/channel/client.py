@@ -44,7 +44,7 @@ import uuid
 from typing import Optional
 
 from ..errors import CommunicationError, PeerDiedError
-from ..p2p.transport import Link
+from ..p2p.transport import Link, LinkBusy
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_timeout
 
 #: seconds a client waits beyond an operation's own timeout for the host's reply
@@ -52,7 +52,14 @@ REPLY_GRACE = 10.0
 
 
 class SendTimeout(TimeoutError):
-    """A request could not be handed to the transport in time; nothing of it was sent."""
+    """A request could not be handed to the transport in time; nothing of it was sent.
+
+    ``busy``: another thread's send on the connection held it that long (the
+    host may well be taking items)."""
+
+    def __init__(self, message: str, busy: bool = False):
+        super().__init__(message)
+        self.busy = busy
 
 
 class ChannelClient:
@@ -60,6 +67,7 @@ class ChannelClient:
         self.channel = channel
         self.host = host
         self._link = link
+        self._link_progress = getattr(link, "last_progress", lambda: 0.0)  # a link that cannot tell: never
         self._ids = itertools.count(1)
         self._pending: dict[int, concurrent.futures.Future] = {}
         self._lock = threading.Lock()
@@ -78,6 +86,7 @@ class ChannelClient:
         self._blocking: set = set()
         #: replies read by a caller for other operations, handed to their futures by the background reader
         self._replies: collections.deque = collections.deque()
+        self._sending: set = set()  # threads in a send on the link now (the heartbeat's sends wait their turn)
         self._handing_since: Optional[float] = None  # when the hand-over running now began (its callbacks run)
         #: guards _reader; its Condition wakes the background reader.  Callers take the plain lock
         #: (``with self._turn_lock``): a C lock's enter and exit leave no gap where a Ctrl-C could
@@ -259,12 +268,13 @@ class ChannelClient:
         dead_after = DEAD_AFTER_BEATS * self._beat
         while self._dead is None:
             time.sleep(min(0.2, self._beat))  # also sends cancels of dropped works (a new request sends them at once)
-            limit = self._beat  # a send of this thread waits behind a caller's at most a beat: then it checks again
-            self._send_abandoned(limit)
+            # this thread's sends go only while no other send is under way: they never wait behind one
+            # (that would hold up the checks below); what is not sent goes on a later tick
+            self._send_abandoned(when_idle=True)
             if self._acks:
                 acks = self._take_acks()
-                if acks and not self._send_one_way({"id": 0, "op": "ack", "ids": acks}, limit):
-                    self._acks.extendleft(reversed(acks))  # not sent: next tick
+                if acks and not self._send_one_way({"id": 0, "op": "ack", "ids": acks}, when_idle=True):
+                    self._acks.extendleft(reversed(acks))
             now = time.monotonic()
             since = self._handing_since
             held = now - since if since is not None and self._replies else 0.0
@@ -273,14 +283,14 @@ class ChannelClient:
                           f"{held:.1f} s while replies to others wait to be handed over (a callback must not wait "
                           f"for an operation of the same channel)")
                 return
-            heard = max(self._last_heard, self._link.last_progress())  # bytes moving mid-message: alive
+            heard = max(self._last_heard, self._link_progress())  # bytes moving mid-message: alive
             if now - heard > dead_after:
                 self.fail(f"the host of channel {self.channel!r} ({self.host}) has not answered for {now - heard:.1f} s "
                           f"(heartbeats every {self._beat:g} s); its process may have died or hung")
                 return
             if now >= next_beat:
                 next_beat = now + self._beat
-                if self._send_one_way({"id": 0, "op": "ping"}, limit):  # else a caller's send holds the link
+                if self._send_one_way({"id": 0, "op": "ping"}, when_idle=True):
                     self._ping_out = True
                     self._nudge()
             if self._handing_since is not None:
@@ -335,7 +345,8 @@ class ChannelClient:
         reply itself if no one reads, so the background reader is not woken
         for it (it still reads it if it is awake for something else).  The
         future must then get no callbacks: whichever thread reads sets it."""
-        self._send_abandoned()  # before this request, so an item put back keeps its place ahead of it
+        limit = self._send_timeout if send_timeout is None else send_timeout
+        self._send_abandoned(limit)  # before this request, so an item put back keeps its place ahead of it
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._dead:
@@ -348,9 +359,8 @@ class ChannelClient:
         acks = self._take_acks() if self._acks else None
         if acks:
             ctrl["acks"] = acks
-        limit = self._send_timeout if send_timeout is None else send_timeout
         try:
-            self._link.send([pack(ctrl), *frames], time.monotonic() + limit)
+            self._send([pack(ctrl), *frames], limit)
         except Exception as exc:
             with self._lock:
                 self._pending.pop(rid, None)
@@ -358,6 +368,8 @@ class ChannelClient:
             if isinstance(exc, TimeoutError) and self._link.is_open():
                 if acks:
                     self._acks.extendleft(reversed(acks))  # not sent: they ride on the next message
+                if isinstance(exc, LinkBusy):
+                    raise SendTimeout(f"another send on the connection held it for {limit:g} s", busy=True) from None
                 raise SendTimeout(f"the transport took no part of the request within {limit:g} s") from None
             reason = f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}"
             self.fail(reason)  # a message broken midway leaves the stream unusable
@@ -366,21 +378,35 @@ class ChannelClient:
             self._nudge()
         return rid, fut
 
-    def _send_abandoned(self, limit: Optional[float] = None) -> None:
-        for _ in range(len(self._abandoned)):  # those put back by a cancel not sent wait for the next call
+    def _send_abandoned(self, limit: Optional[float] = None, when_idle: bool = False) -> None:
+        """Send the cancels of requests given up by garbage collection (or not sent before); stops at
+        the first that cannot go now (it is queued again)."""
+        for _ in range(len(self._abandoned)):
             try:
                 rid = self._abandoned.popleft()
             except IndexError:  # another thread took the last one
                 return
-            self.cancel(rid, limit)
+            if not self.cancel(rid, limit, when_idle):
+                return
 
-    def _send_one_way(self, ctrl: dict, limit: Optional[float] = None) -> bool:
-        """Send a message that gets no reply; False if it could not start within ``limit`` s (the send
-        timeout by default) while another thread's send held the link (nothing was sent)."""
+    def _send(self, frames: list, limit: float) -> None:
+        me = threading.get_ident()
+        self._sending.add(me)
+        try:
+            self._link.send(frames, time.monotonic() + limit)
+        finally:
+            self._sending.discard(me)
+
+    def _send_one_way(self, ctrl: dict, limit: Optional[float] = None, when_idle: bool = False) -> bool:
+        """Send a message that gets no reply; False if nothing of it was sent because another
+        thread's send held the link for ``limit`` s (the send timeout by default), or, with
+        ``when_idle``, because another send was under way."""
         if self._dead:
             return True  # nothing to send it on; fail() has failed what waited
+        if when_idle and self._sending:
+            return False
         try:
-            self._link.send([pack(ctrl)], time.monotonic() + (self._send_timeout if limit is None else limit))
+            self._send([pack(ctrl)], self._send_timeout if limit is None else limit)
             return True
         except Exception as exc:
             if isinstance(exc, TimeoutError) and self._link.is_open():
@@ -404,16 +430,19 @@ class ChannelClient:
             except IndexError:
                 return acks
 
-    def cancel(self, rid: int, limit: Optional[float] = None) -> None:
+    def cancel(self, rid: int, limit: Optional[float] = None, when_idle: bool = False) -> bool:
         """Give up request ``rid``: the host drops it, or puts back the items it already sent for it.
 
-        A cancel that cannot be sent within ``limit`` s (another send holds
-        the link) is sent later by the heartbeat thread, never dropped."""
+        A cancel that cannot be sent now (see ``_send_one_way``) is queued
+        and sent with the next request or heartbeat tick, never dropped;
+        False then."""
         with self._lock:
             self._pending.pop(rid, None)
             self._blocking.discard(rid)
-        if not self._send_one_way({"id": 0, "op": "cancel", "target": rid}, limit):
-            self._abandoned.append(rid)
+        if self._send_one_way({"id": 0, "op": "cancel", "target": rid}, limit, when_idle):
+            return True
+        self._abandoned.append(rid)
+        return False
 
     def abandon(self, rid: int) -> None:
         """``cancel`` from a garbage-collection finalizer: queued, sent by the heartbeat thread."""

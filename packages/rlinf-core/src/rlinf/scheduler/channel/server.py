@@ -171,6 +171,7 @@ class _Conn:
         self.alive = True
         self.last_heard = time.monotonic()
         self.fd = getattr(link, "poll_fd", lambda: None)()
+        self.last_progress = getattr(link, "last_progress", lambda: 0.0)  # bytes of a long message moving
         #: request id -> (key, [(frames, weight), ...]) sent and not yet acknowledged
         self.inflight: dict[int, tuple[str, list]] = {}
         #: request id -> its parked waiter
@@ -197,7 +198,8 @@ class ChannelServer:
         self._conns: set = set()
         self._blocks = _BlockPool()
         self._send_timeout = send_timeout()
-        self._dead_after = DEAD_AFTER_BEATS * heartbeat_interval()
+        self._beat = heartbeat_interval()
+        self._dead_after = DEAD_AFTER_BEATS * self._beat
         self._timers: list = []  # heap of (deadline, seq, waiter); served waiters leave it lazily
         self._compact_timers_at = _MIN_TIMERS_COMPACT
         self._seq = itertools.count()
@@ -275,7 +277,7 @@ class ChannelServer:
 
     def _read(self, conn: _Conn) -> None:
         """Serve the requests that arrived whole on ``conn``, a burst at a time (fair to the others)."""
-        for served in range(_READ_BURST):
+        for _ in range(_READ_BURST):
             if not conn.alive:
                 return
             try:
@@ -285,8 +287,6 @@ class ChannelServer:
                 return
             if msg is None:
                 self._again.discard(conn)
-                if not served:  # readable, but no whole message yet: the bytes of a long one are arriving
-                    conn.last_heard = time.monotonic()
                 return
             self._on_message(conn, msg[1])
         self._again.add(conn)  # more may sit in the link's buffer, where the selector cannot see it
@@ -378,7 +378,10 @@ class ChannelServer:
 
     def _check_connections(self, now: float) -> None:
         for conn in list(self._conns):
-            if now - conn.last_heard > self._dead_after:
+            silent = now - conn.last_heard
+            # bytes of a long message moving count as heard, sampled from a beat of silence on (see last_progress)
+            moved = conn.last_progress() if silent > self._beat else now
+            if silent > self._dead_after and now - moved > self._dead_after:
                 self._lost(conn)  # a hung or partitioned client
             elif conn.congested_since is not None and now - conn.congested_since > self._send_timeout:
                 self._lost(conn)  # it did not take its replies in time

@@ -22,18 +22,20 @@ from __future__ import annotations
 
 import array
 import collections
+import fcntl
 import os
 import select
 import selectors
 import socket
 import struct
 import threading
+import termios
 import time
 import uuid
 from typing import Callable, Optional, Sequence
 
 from .. import security
-from .transport import Link, LinkClosed, Transport
+from .transport import Link, LinkBusy, LinkClosed, Transport
 
 LOCAL_ENV = "RLINF_CPU_LOCAL"
 #: buffers at least this large go through shared memory (same host only)
@@ -109,6 +111,42 @@ class _Partial:
         self.pos = 0  # bytes of it read so far (into out[index])
 
 
+class _SendTurn:
+    """``with _SendTurn(lock, deadline, unsent)``: hold a link's write lock, waiting for another
+    thread's send at most until ``deadline`` (``LinkBusy`` then, after ``unsent()``).
+
+    A ``with`` statement, so no interrupt can land between taking the lock and
+    the block that releases it; a hold this thread already had (``send_now``
+    around ``send``) is never released here."""
+
+    __slots__ = ("lock", "deadline", "unsent")
+
+    def __init__(self, lock, deadline: Optional[float], unsent=None):
+        self.lock, self.deadline, self.unsent = lock, deadline, unsent
+
+    def __enter__(self) -> None:
+        lock = self.lock
+        held_before = lock._is_owned()
+        try:
+            if self.deadline is None:
+                got = lock.acquire()
+            else:
+                got = lock.acquire(timeout=max(0.0, self.deadline - time.monotonic()))
+        except BaseException:  # an interrupt landing just after the lock was taken must not keep it
+            if not held_before and lock._is_owned():
+                lock.release()
+            if self.unsent is not None:
+                self.unsent()
+            raise
+        if not got:
+            if self.unsent is not None:
+                self.unsent()
+            raise LinkBusy("another send on this connection held it until the deadline")
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+
 class SocketLink(Link):
     """One connected stream socket; shared memory when ``local``.
 
@@ -161,6 +199,7 @@ class SocketLink(Link):
         self._rbroken: Optional[str] = None  # why no more messages can be received
         self._wlock = threading.RLock()  # send_now holds it around send
         self._moved_at = 0.0  # when bytes last moved either way (see last_progress)
+        self._outq = 0  # bytes sent the peer had not taken, when last_progress last looked
         self._rlock = threading.Lock()
         self._ahead_cond: Optional[threading.Condition] = None
         self._ahead_error: Optional[BaseException] = None
@@ -223,15 +262,10 @@ class SocketLink(Link):
     def settle(self, deadline: Optional[float]) -> None:
         """Send what is owed now, if no send did yet; a failure shows as the link's end to the peer."""
         try:
-            self._take_turn_to_send(deadline)
-        except TimeoutError:
-            return  # another send is under way: it pays what is owed first
-        try:
-            self._pay_owed(deadline)
-        except (OSError, TimeoutError):
+            with _SendTurn(self._wlock, deadline):
+                self._pay_owed(deadline)
+        except (OSError, TimeoutError):  # LinkBusy included: that send pays what is owed first
             pass
-        finally:
-            self._wlock.release()
 
     def _pay_owed(self, deadline: Optional[float]) -> None:  # under _wlock
         owed = self._owed
@@ -260,25 +294,30 @@ class SocketLink(Link):
                     newsegs.append(_NEWSEG.pack(seg.seg_id, seg.capacity))
                     fds.append(seg.fd)
                 drops = [_DROP.pack(i) for i in self._pool.take_dropped()]
+        unsent = None if seg is None else lambda: self._pool.unsent(seg, created, [_DROP.unpack(d)[0] for d in drops])
         offset = 0
         if seg is not None:
             import numpy as np
 
             from .shm import DATA_OFFSET, parallel_copy
-        for v in views:
-            n = v.nbytes
-            if seg is not None and n >= shm_min:
-                parallel_copy(seg.view[DATA_OFFSET + offset : DATA_OFFSET + offset + n], np.frombuffer(v, dtype=np.uint8))
-                descs.append(_FRAME.pack(SHM, seg.seg_id, offset, n))
-                offset += -(-n // _ALIGN) * _ALIGN
-            else:
-                descs.append(_FRAME.pack(INLINE, 0, 0, n))
-                if n:
-                    inline.append(v)
+        try:
+            for v in views:
+                n = v.nbytes
+                if seg is not None and n >= shm_min:
+                    parallel_copy(seg.view[DATA_OFFSET + offset : DATA_OFFSET + offset + n], np.frombuffer(v, dtype=np.uint8))
+                    descs.append(_FRAME.pack(SHM, seg.seg_id, offset, n))
+                    offset += -(-n // _ALIGN) * _ALIGN
+                else:
+                    descs.append(_FRAME.pack(INLINE, 0, 0, n))
+                    if n:
+                        inline.append(v)
+        except BaseException:  # an interrupt during the copy: the segment goes back
+            if unsent is not None:
+                unsent()
+            raise
         header = b"".join(
             [_HEADER.pack(KIND_DATA, FLAG_RAW if raw else 0, len(views), len(newsegs), len(drops)), *newsegs, *drops, *descs]
         )
-        unsent = None if seg is None else lambda: self._pool.unsent(seg, created, [_DROP.unpack(d)[0] for d in drops])
         self._send_message([header, *inline], fds, deadline, unsent)
         if fds:
             self._pool.sent(seg)
@@ -286,49 +325,37 @@ class SocketLink(Link):
     def _send_message(self, pending: list, fds: list, deadline: Optional[float], unsent=None) -> None:
         """Send one message whole, after any other thread's and what is owed; ``unsent()`` is called
         if it fails with nothing of it sent.  A message that fails midway ends the stream here, so
-        the receiver drops it and keeps the rest."""
-        try:
-            self._take_turn_to_send(deadline)
-        except BaseException:
-            if unsent is not None:
-                unsent()
-            raise
-        progress = [0]
-        try:
-            if self._owed is not None:
-                self._pay_owed(deadline)
-            self._send_all(pending, fds, deadline, progress)
-        except BaseException as exc:
-            if progress[0]:
-                self._wbroken = f"a send failed midway ({type(exc).__name__})"
-                try:
-                    self.sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-            elif unsent is not None:
-                unsent()
-            raise
-        finally:
-            self._wlock.release()
-
-    def _take_turn_to_send(self, deadline: Optional[float]) -> None:
-        """Take ``_wlock`` (one message at a time), waiting for another thread's send at most until
-        ``deadline``: ``TimeoutError`` then, with nothing sent.  The caller releases it."""
-        try:
-            if deadline is None:
-                got = self._wlock.acquire()
-            else:
-                got = self._wlock.acquire(timeout=max(0.0, deadline - time.monotonic()))
-        except BaseException:  # an interrupt landing just after the lock was taken must not keep it
-            if self._wlock._is_owned():
-                self._wlock.release()
-            raise
-        if not got:
-            raise TimeoutError("another send on this connection held it until the deadline")
+        the receiver drops it and keeps the rest; so does an interrupt (``KeyboardInterrupt``), which
+        may land after the kernel took bytes and before they were counted."""
+        with _SendTurn(self._wlock, deadline, unsent):
+            progress = [0]
+            try:
+                if self._owed is not None:
+                    self._pay_owed(deadline)
+                self._send_all(pending, fds, deadline, progress)
+            except BaseException as exc:
+                if progress[0] or not isinstance(exc, Exception):
+                    self._wbroken = f"a send failed midway ({type(exc).__name__})"
+                    try:
+                        self.sock.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+                elif unsent is not None:
+                    unsent()
+                raise
 
     def last_progress(self) -> float:
-        """``Link.last_progress``: set when bytes are read, and when a send that found the buffers
-        full goes on (the peer read and made room)."""
+        """``Link.last_progress``: set when bytes are read, when a send that found the buffers full
+        goes on, and when fewer of our bytes wait for the peer than when this last looked (the
+        kernel's count, ``SIOCOUTQ``: the peer took some, though the sender may not yet be woken).
+        Meant to be called now and then (a heartbeat): each call is one ``ioctl``."""
+        try:
+            queued = struct.unpack("i", fcntl.ioctl(self._fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        except OSError:  # closed
+            return self._moved_at
+        if queued < self._outq:
+            self._moved_at = max(self._moved_at, time.monotonic())
+        self._outq = queued
         return self._moved_at
 
     def send_now(self, frames: Sequence) -> bool:

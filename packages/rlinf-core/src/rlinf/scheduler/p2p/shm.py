@@ -208,7 +208,7 @@ class SenderPool:
             if created:
                 self._segments.pop(seg.seg_id, None)
                 seg.close()
-            else:
+            elif self._segments.get(seg.seg_id) is seg:  # else the pool closed meanwhile (and unmapped it)
                 seg.set_state(FREE)
 
     def _drop_one_free(self) -> None:

@@ -57,6 +57,10 @@ class LinkClosed(ConnectionError):
     """The peer closed the link, and every complete message it sent has been received."""
 
 
+class LinkBusy(TimeoutError):
+    """Another thread's send held the link until this send's deadline; nothing of this one was sent."""
+
+
 class Link(ABC):
     """A connection to one peer carrying whole messages in order."""
 
@@ -65,8 +69,9 @@ class Link(ABC):
         """Send one message.  ``raw`` marks a ``send_tensor`` message (no object header).
 
         ``deadline`` bounds the whole send, including a wait for another
-        thread's send on the same link; ``TimeoutError`` with the link still
-        open means nothing of the message was sent."""
+        thread's send on the same link (``LinkBusy`` if that wait ran out);
+        ``TimeoutError`` with the link still open means nothing of the
+        message was sent."""
 
     @abstractmethod
     def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
