@@ -111,42 +111,6 @@ class _Partial:
         self.pos = 0  # bytes of it read so far (into out[index])
 
 
-class _SendTurn:
-    """``with _SendTurn(lock, deadline, unsent)``: hold a link's write lock, waiting for another
-    thread's send at most until ``deadline`` (``LinkBusy`` then, after ``unsent()``).
-
-    A ``with`` statement, so no interrupt can land between taking the lock and
-    the block that releases it; a hold this thread already had (``send_now``
-    around ``send``) is never released here."""
-
-    __slots__ = ("lock", "deadline", "unsent")
-
-    def __init__(self, lock, deadline: Optional[float], unsent=None):
-        self.lock, self.deadline, self.unsent = lock, deadline, unsent
-
-    def __enter__(self) -> None:
-        lock = self.lock
-        held_before = lock._is_owned()
-        try:
-            if self.deadline is None:
-                got = lock.acquire()
-            else:
-                got = lock.acquire(timeout=max(0.0, self.deadline - time.monotonic()))
-        except BaseException:  # an interrupt landing just after the lock was taken must not keep it
-            if not held_before and lock._is_owned():
-                lock.release()
-            if self.unsent is not None:
-                self.unsent()
-            raise
-        if not got:
-            if self.unsent is not None:
-                self.unsent()
-            raise LinkBusy("another send on this connection held it until the deadline")
-
-    def __exit__(self, *exc) -> None:
-        self.lock.release()
-
-
 class SocketLink(Link):
     """One connected stream socket; shared memory when ``local``.
 
@@ -262,8 +226,7 @@ class SocketLink(Link):
     def settle(self, deadline: Optional[float]) -> None:
         """Send what is owed now, if no send did yet; a failure shows as the link's end to the peer."""
         try:
-            with _SendTurn(self._wlock, deadline):
-                self._pay_owed(deadline)
+            self._send_message([], [], deadline)  # an empty message: what is owed goes first
         except (OSError, TimeoutError):  # LinkBusy included: that send pays what is owed first
             pass
 
@@ -323,26 +286,40 @@ class SocketLink(Link):
             self._pool.sent(seg)
 
     def _send_message(self, pending: list, fds: list, deadline: Optional[float], unsent=None) -> None:
-        """Send one message whole, after any other thread's and what is owed; ``unsent()`` is called
-        if it fails with nothing of it sent.  A message that fails midway ends the stream here, so
-        the receiver drops it and keeps the rest; so does an interrupt (``KeyboardInterrupt``), which
-        may land after the kernel took bytes and before they were counted."""
-        with _SendTurn(self._wlock, deadline, unsent):
-            progress = [0]
-            try:
-                if self._owed is not None:
-                    self._pay_owed(deadline)
-                self._send_all(pending, fds, deadline, progress)
-            except BaseException as exc:
-                if progress[0] or not isinstance(exc, Exception):
-                    self._wbroken = f"a send failed midway ({type(exc).__name__})"
-                    try:
-                        self.sock.shutdown(socket.SHUT_WR)
-                    except OSError:
-                        pass
-                elif unsent is not None:
-                    unsent()
-                raise
+        """Send one message whole, after what is owed and after any other thread's send, waiting
+        for that at most until ``deadline`` (``LinkBusy`` then).  ``unsent()`` is called if it
+        fails with nothing of it sent.  A message that fails midway ends the stream here, so the
+        receiver drops it and keeps the rest; so does an interrupt (``KeyboardInterrupt``) once
+        the lock is held, as it may land after the kernel took bytes and before they were counted.
+
+        The lock is taken and released without a gap where an interrupt could keep it held, or
+        release a hold this thread had before (``send_now`` around ``send``), and with no object
+        made per message (this is every message's path)."""
+        lock = self._wlock
+        held_before = lock._is_owned()
+        got = False
+        progress = [0]
+        try:
+            got = lock.acquire(False) or (
+                lock.acquire() if deadline is None else lock.acquire(timeout=max(0.0, deadline - time.monotonic())))
+            if not got:
+                raise LinkBusy("another send on this connection held it until the deadline")
+            if self._owed is not None:
+                self._pay_owed(deadline)
+            self._send_all(pending, fds, deadline, progress)
+        except BaseException as exc:
+            if progress[0] or (got and not isinstance(exc, Exception)):
+                self._wbroken = f"a send failed midway ({type(exc).__name__})"
+                try:
+                    self.sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+            elif unsent is not None:
+                unsent()
+            raise
+        finally:
+            if got or (not held_before and lock._is_owned()):  # taken, though an interrupt came before `got` was set
+                lock.release()
 
     def last_progress(self) -> float:
         """``Link.last_progress``: set when bytes are read, when a send that found the buffers full
