@@ -144,7 +144,7 @@ class ChannelClient:
                 if fut is not None and not fut.done():
                     fut.set_result((ctrl, frames[1:]))
             else:
-                self._replies.append((time.monotonic(), rid, ctrl, frames[1:]))
+                self._replies.append((rid, ctrl, frames[1:]))
                 self._nudge()
             return True
         except TimeoutError:
@@ -166,7 +166,7 @@ class ChannelClient:
     def _hand_over(self) -> None:
         """Set the futures of the queued replies (background reader only: their callbacks run here)."""
         while self._replies:
-            _queued, rid, ctrl, frames = self._replies.popleft()
+            rid, ctrl, frames = self._replies.popleft()
             with self._lock:
                 fut = self._pending.pop(rid, None)
             if fut is not None and not fut.done():

@@ -300,6 +300,8 @@ class SocketLink(Link):
         got = False
         progress = [0]
         try:
+            # deadline None: the caller asked to wait without limit, here as in the send itself; the
+            # holder's send ends by its own deadline, or when the link fails
             got = lock.acquire(False) or (
                 lock.acquire() if deadline is None else lock.acquire(timeout=max(0.0, deadline - time.monotonic())))
             if not got:
