@@ -4,6 +4,9 @@
 
 * rlinf shm: ``broadcast(state_dict)`` on the trainer, ``broadcast(out=own_state_dict)``
   on each receiver (filled in place); the payload is written once into shared memory.
+* rlinf shm shared: the same with ``share_memory=True`` on the receivers: their state dicts'
+  tensors become one shared copy (same tensor objects), which the source writes once per
+  broadcast while all receivers are inside it; no receiver copies anything.
 * rlinf TCP: the same with ``RLINF_CPU_LOCAL=0`` (a chunked, pipelined chain).
 * rlinf shm views: ``broadcast(groups=...)`` without ``out=``: receivers get copy-on-write
   views of the segment (no copy; the like of Ray's zero-copy reads), kept until the next round.
@@ -44,6 +47,12 @@ MiB = 1 << 20
 NAME = "bench_weights"
 
 
+def torch_zeros_like(t):
+    import torch
+
+    return torch.zeros_like(t)
+
+
 def _state_dict(size_mb: int, tensors: int, fill: float):
     import torch
 
@@ -59,10 +68,15 @@ class WeightWorker(Worker):
         self.sd = _state_dict(size_mb, tensors, 1.0 if self._rank == 0 else 0.0)
         self.subgroups = {}
 
-    def rlinf_sync(self, n: int, rounds: int, tcp: bool, views: bool = False):
+    def rlinf_sync(self, n: int, rounds: int, tcp: bool, views: bool = False, share: bool = False):
         os.environ["RLINF_CPU_LOCAL"] = "0" if tcp else "1"
         if self._rank > n:
             return None
+        sd = self.sd
+        if share and self._rank:  # a state dict of its own, so the other variants keep private memory
+            if not hasattr(self, "shared_sd"):
+                self.shared_sd = {k: torch_zeros_like(v) for k, v in self.sd.items()}
+            sd = self.shared_sd
         groups = [(NAME, list(range(n + 1)))]
         times = []
         kept = None
@@ -73,14 +87,14 @@ class WeightWorker(Worker):
             elif views:
                 kept = self.broadcast(groups=groups, timeout=600)  # replaces the previous round's views
             else:
-                self.broadcast(groups=groups, out=self.sd, timeout=600)
+                self.broadcast(groups=groups, out=sd, timeout=600, share_memory=share)
             times.append(time.perf_counter() - start)
         if kept is not None:
             first = next(iter(kept.values()))
             assert float(first[0]) == 1.0 and float(first[-1]) == 1.0, "the weights did not arrive"
             return statistics.median(times[1:])
         if self._rank:
-            first = next(iter(self.sd.values()))
+            first = next(iter(sd.values()))
             assert float(first[0]) == 1.0 and float(first[-1]) == 1.0, "the weights did not arrive"
         return statistics.median(times[1:])
 
@@ -291,12 +305,14 @@ def main(argv=None):
     source = ray.remote(num_cpus=0.01)(RaySource).remote(args.size_mb, args.tensors)
     receivers = [ray.remote(num_cpus=0.01)(RayReceiver).remote() for _ in range(top)]
 
-    results = {k: {} for k in ("rlinf shm", "rlinf TCP", "Ray object store", "torch gloo", "rlinf shm views")}
+    results = {k: {} for k in ("rlinf shm", "rlinf TCP", "Ray object store", "torch gloo", "rlinf shm views",
+                               "rlinf shm shared")}
     floor, floor_one, tcp_fl = {}, {}, {}
     for n in ns:
         results["rlinf shm"][n] = group.rlinf_sync(n, args.rounds, False).wait()[0]
         results["rlinf shm views"][n] = group.rlinf_sync(n, args.rounds, False, True).wait()[0]
         results["rlinf TCP"][n] = group.rlinf_sync(n, args.rounds, True).wait()[0]
+        results["rlinf shm shared"][n] = group.rlinf_sync(n, args.rounds, False, False, True).wait()[0]
         results["Ray object store"][n] = ray.get(source.sync.remote(receivers[:n], args.rounds))
         results["torch gloo"][n] = group.gloo_sync(n, args.rounds).wait()[0]
         floor[n] = copy_floor(args.size_mb, n, args.tensors)
@@ -304,16 +320,16 @@ def main(argv=None):
         tcp_fl[n] = tcp_floor(args.size_mb, n)
         print(f"N={n}: " + ", ".join(f"{k} {v[n]:.3f} s" for k, v in results.items()), flush=True)
 
-    shm, tcp, ray_t, gloo, views = (results[k] for k in results)
-    rows = [[n, shm[n], tcp[n], views[n], ray_t[n], gloo[n], floor[n], floor_one[n], tcp_fl[n], ray_t[n] / shm[n],
-             gloo[n] / shm[n], gloo[n] / tcp[n], ray_t[n] / views[n], shm[n] / floor[n], tcp[n] / tcp_fl[n],
-             gloo[n] / tcp_fl[n]]
+    shm, tcp, ray_t, gloo, views, shared = (results[k] for k in results)
+    rows = [[n, shm[n], shared[n], tcp[n], views[n], ray_t[n], gloo[n], floor[n], floor_one[n], tcp_fl[n],
+             ray_t[n] / shm[n], ray_t[n] / shared[n], gloo[n] / shm[n], gloo[n] / shared[n], gloo[n] / tcp[n],
+             ray_t[n] / views[n], shm[n] / floor[n], tcp[n] / tcp_fl[n], gloo[n] / tcp_fl[n]]
             for n in ns]
     print_table(f"Weight sync: {args.size_mb} MiB in {args.tensors} tensors, one source to N receivers on this host "
                 f"(seconds, median of {args.rounds})",
-                ["N", "rlinf shm", "rlinf TCP", "shm views", "Ray store", "gloo", "copy floor", "(one buffer)",
-                 "TCP floor", "Ray/shm",
-                 "gloo/shm", "gloo/TCP", "Ray/views", "shm/floor", "TCP/floor", "gloo/floor"], rows)
+                ["N", "rlinf shm", "shm shared", "rlinf TCP", "shm views", "Ray store", "gloo", "copy floor",
+                 "(one buffer)", "TCP floor", "Ray/shm", "Ray/shared", "gloo/shm", "gloo/shared", "gloo/TCP",
+                 "Ray/views", "shm/floor", "TCP/floor", "gloo/floor"], rows)
     print(f"(not targets) rlinf shm views: time at N={max(ns)} / time at N={min(ns)}: "
           f"{views[max(ns)] / views[min(ns)]:.2f}; copy floor at N={max(ns)} / N={min(ns)}: "
           f"{floor[max(ns)] / floor[min(ns)]:.2f} on {os.cpu_count()} CPUs")
@@ -327,6 +343,9 @@ def main(argv=None):
         Target(f"N={top}: Ray object store time / rlinf shm time", ray_t[top] / shm[top], ">=", 1.0),
         Target(f"N={top}: torch gloo time / rlinf shm time", gloo[top] / shm[top], ">=", 3.0),
         Target(f"rlinf shm: time at N={top} / time at N={lo}", shm[top] / shm[lo], "<=", 2.0),
+        Target(f"N={top}: Ray object store time / rlinf shm shared time", ray_t[top] / shared[top], ">=", 1.0),
+        Target(f"N={top}: torch gloo time / rlinf shm shared time", gloo[top] / shared[top], ">=", 3.0),
+        Target(f"rlinf shm shared: time at N={top} / time at N={lo}", shared[top] / shared[lo], "<=", 2.0),
         Target(f"N={top}: torch gloo time / rlinf TCP time", gloo[top] / tcp[top], ">=", 3.0),
         Target(f"rlinf TCP: time at N={top} / time at N={lo}", tcp[top] / tcp[lo], "<=", 2.0),
     ]

@@ -208,6 +208,97 @@ def test_segments_lent_as_views_are_reused_once_released_and_never_before(five):
     assert made <= 4, made
 
 
+def _segment_of(t) -> str:
+    """The inode of the memfd segment ``t``'s memory lies in ('' if none), from /proc."""
+    where = t.untyped_storage().data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= where < hi:
+                return fields[4] if "memfd:rlinf" in line else ""
+    return ""
+
+
+def _shared(w, mixed):
+    """Receivers with ``share_memory=True``: their tensors become one segment the source writes once per
+    broadcast, only while all of them are inside one.  ``mixed``: rank 3 does not ask, so all copy out."""
+    _use_path("shm")
+    groups = [("wsync", [0, 1, 2, 3])]
+    if w._rank == 0:
+        for step in (1.0, 2.0, 3.0):
+            w.broadcast(_state(step), groups=groups, timeout=60)
+        w.broadcast(groups=groups, timeout=60)  # every receiver checked the last weights
+        w.broadcast(groups=groups, timeout=60)  # rank 1 wrote into its tensors before this one
+        return None
+    out = _zeros_like(_state(0.0))
+    out["w"] = torch.nn.Parameter(out["w"])  # a model's parameter keeps its identity and requires_grad
+    ids = {k: id(v) for k, v in out.items()}
+    share = not (mixed and w._rank == 3)
+    seen, ptrs, waited = [], [], None
+    for step in (1.0, 2.0, 3.0):
+        if step == 2.0 and w._rank == 1:
+            time.sleep(1.0)  # the source must not write the next weights while we may still read these
+            waited = float(out["w"][0]) == 1.0 and float(out["emb"][0, 0]) == 1.0
+        w.broadcast(groups=groups, out=out, timeout=60, share_memory=share)
+        expect = _state(step)
+        seen.append(all(torch.equal(out[k].detach(), expect[k]) for k in expect))
+        ptrs.append({k: v.untyped_storage().data_ptr() for k, v in out.items() if v.numel()})
+    w.broadcast(None, groups=groups, timeout=60)
+    if w._rank == 1:
+        out["b"][0] = 99  # shared: the other receivers see it
+    w.broadcast(None, groups=groups, timeout=60)
+    return (seen, waited, ptrs[1] == ptrs[2], {k: id(v) for k, v in out.items()} == ids,
+            out["head"] is out["emb"], isinstance(out["w"], torch.nn.Parameter) and out["w"].requires_grad,
+            int(out["b"][0]), _segment_of(out["w"]))
+
+
+@cpu_transport_internals
+@pytest.mark.parametrize("mixed", [False, True])
+def test_receivers_that_share_memory_hold_one_copy_written_once_per_broadcast(five, mixed):
+    got = [r.wait(timeout=120)[0] for r in _on(five, range(4), _shared, mixed)][1:]
+    for rank, (seen, waited, steady, same_objects, tied, param, b0, segment) in zip((1, 2, 3), got):
+        assert seen == [True, True, True], (rank, got)
+        assert same_objects and tied and param, (rank, got)
+        assert steady, (rank, got)  # no rebinding after the first broadcast, nor copies into new memory
+        if rank == 1:
+            assert waited is True, got
+    segments = {g[-1] for g in got}
+    if not mixed:
+        assert len(segments) == 1 and "" not in segments, got  # one copy for all three
+        assert [g[-2] for g in got] == [99, 99, 99], got  # a write to a shared tensor is seen by all
+    else:
+        assert segments == {""}, got  # each keeps its own memory and copies into it
+        assert [g[-2] for g in got] == [99, 3, 3], got
+
+
+def _share_memory_elsewhere(w):
+    """Forced over TCP the receivers are not on the source's host: out is filled by copying; and a receiver
+    asking to share memory without out= is told so."""
+    _use_path("tcp")
+    groups = [("wsync", [0, 1, 2])]
+    if w._rank == 0:
+        w.broadcast(_state(4.0), groups=groups, timeout=60)
+        return None
+    out = _zeros_like(_state(0.0))
+    before = out["w"].untyped_storage().data_ptr()
+    w.broadcast(groups=groups, out=out, timeout=60, share_memory=True)
+    ok = all(torch.equal(out[k], v) for k, v in _state(4.0).items()) and out["w"].untyped_storage().data_ptr() == before
+    try:
+        w.broadcast(groups=groups, timeout=60, share_memory=True)
+    except ValueError as exc:
+        return ok, str(exc)
+    return ok, None
+
+
+@cpu_transport_internals
+def test_share_memory_across_hosts_fills_out_by_copying_and_needs_out(five):
+    got = [r.wait(timeout=120)[0] for r in _on(five, range(3), _share_memory_elsewhere)]
+    assert got[0] is None
+    for ok, text in got[1:]:
+        assert ok and text is not None and "needs out=" in text, got
+
+
 def _eager_source(w):
     os.environ.pop("RLINF_BROADCAST_EAGER_KB", None)
     os.environ["RLINF_CPU_LOCAL"] = "1"
@@ -217,6 +308,7 @@ def _eager_source(w):
 
 
 def _eager_receiver(w):
+    os.environ["RLINF_CPU_LOCAL"] = "1"  # the plan every member derives must be the same
     got = w.broadcast(groups=[("wsync", [0, 1, 2])], timeout=60)
     return got["step"], got["t"].tolist()
 

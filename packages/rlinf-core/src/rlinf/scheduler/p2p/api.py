@@ -132,14 +132,26 @@ def broadcast_members(groups) -> list:
 
 @hook("broadcast")
 def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tuple] = None, async_op=False, options=None,
-              timeout=None, out=None):
+              timeout=None, out=None, share_memory=False):
     """The source sends its object to every other listed worker; everyone returns it.
 
     ``src`` defaults to the first worker of the expanded ``groups`` list.
     ``out`` (receivers; ignored on the source): a tensor, or a dict, list or
     tuple of tensors, filled in place with what the source broadcast and
     returned; shapes and dtypes are checked against the source's before any
-    byte is written.  See ``broadcast.py`` for how the payload travels.
+    byte is written.
+
+    ``share_memory=True`` (receivers with ``out``): when every receiver on
+    the source's host asks for it, their ``out`` tensors are moved onto one
+    shared-memory copy that the source writes once per broadcast, and no
+    receiver copies anything (like ``Tensor.share_memory_()``, the tensor
+    objects stay the same; only their storage moves, on the first
+    broadcast).  From then on those receivers share these tensors: a write
+    to them is seen by all of them, and each later broadcast from the same
+    source to the same receivers writes them in place while all of them are
+    inside it.  Elsewhere (another host, another transport, receivers on
+    the source's host that did not all ask) ``out`` is filled by copying.
+    See ``broadcast.py`` for how the payload travels.
     """
     members = broadcast_members(groups)
     if src is None:
@@ -151,10 +163,15 @@ def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tupl
     if options is not None and not isinstance(options, CollectiveGroupOptions):
         raise TypeError(f"options must be a CollectiveGroupOptions, got {type(options).__name__}")
     _check_out(out)
+    if not isinstance(share_memory, bool):
+        raise TypeError(f"broadcast: share_memory must be a bool, got {share_memory!r}")
     comm = local_communicator(create=True)
     me = comm.address
     if me not in members and me != src_addr:
         raise ValueError(f"{me.get_name()!r} calls broadcast but is not among its groups {groups}")
+    if share_memory and out is None and me != src_addr:
+        raise ValueError(f"{me.get_name()!r}: broadcast(share_memory=True) on a receiver needs out= (the tensors "
+                         f"to share)")
     if options is not None and timeout is None:
         timeout = options.timeout
     transport = options.transport if options is not None else None
@@ -162,7 +179,7 @@ def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tupl
         from . import broadcast as fast
 
         return fast.broadcast(comm, obj, members, src_addr, None if me == src_addr else out, transport,
-                              config.resolve_timeout(timeout), async_op)
+                              config.resolve_timeout(timeout), async_op, share_memory)
     # another transport (a device or MPI plugin): one send per receiver through it
     if me == src_addr:
         works = [

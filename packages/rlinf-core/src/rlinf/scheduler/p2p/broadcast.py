@@ -16,7 +16,11 @@ registry (no round of messages decides it):
   training loop's broadcasts touch only warm pages.  A segment a receiver
   still holds views of is lent, never written: the receiver reports it
   released (with its next connection to that feeder) once the last view is
-  gone, and only then does it go back to the pool.  A source holds at most
+  gone, and only then does it go back to the pool.  With ``share_memory=True``
+  (every receiver on the host asking, in its hello) there is no copy out:
+  each receiver points its ``out`` tensors at the segment (``Tensor.set_``,
+  once), and the source keeps that segment for exactly that set of
+  receivers, writing it again only inside a broadcast to all of them.  A source holds at most
   one free segment and three lent ones (a receiver swapping weights holds
   the last round's views while the next arrives: two are lent then); past
   that the oldest lent one is closed on the source, and the kernel frees it
@@ -88,6 +92,8 @@ PROBE_INTERVAL = 1.0
 #: (receivers that swap weights hold the last round's views while the next arrives: two are lent then)
 _MAX_FREE = 1
 _MAX_LENT = 3
+#: segments a source keeps bound to receivers' tensors (``share_memory=True``), one per set of receivers
+_MAX_BOUND = 2
 #: release reports a receiver keeps per source until its next connection there (the source lends at most 3)
 _MAX_REPORTS = 16
 
@@ -122,7 +128,7 @@ class _State:
 
     def __init__(self):
         self.cond = threading.Condition()
-        self.inbox: dict[str, list] = {}  # connecting peer -> [(seq, link)], lowest seq first
+        self.inbox: dict[str, list] = {}  # connecting peer -> [(seq, link, binds)], lowest seq first
         self.seq: dict[str, int] = {}  # peer -> seq of our next connection to it
         self.turnstile = Turnstile()
         self.runner = SerialRunner("rlinf-broadcast")
@@ -133,6 +139,9 @@ class _State:
         self.free: list = []  # segments no receiver maps: written over by the next broadcast
         self.lent: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()  # token -> (seg, holders)
         self.early: "collections.OrderedDict[str, set]" = collections.OrderedDict()  # released before we recorded the lending
+        # receiver names -> the segment those receivers' tensors are (share_memory=True): written again only by a
+        # broadcast to exactly them, which all of them are inside of
+        self.bound: "collections.OrderedDict[frozenset, Any]" = collections.OrderedDict()
         self.last_served = time.monotonic()
         # receiver side
         self.mapped: dict[str, list] = {}  # feeder -> [(uid, dev, inode, size), shared mapping, last used]
@@ -146,6 +155,7 @@ class _State:
         try:
             peer, seq = str(info["src"]), int(info["seq"])
             released = [str(t) for t in info.get("released", ())]
+            binds = info.get("bind") is True
         except (KeyError, TypeError, ValueError):
             link.close()
             return
@@ -158,14 +168,15 @@ class _State:
                 if entry[1].peer_closed():  # a peer that gave up on an earlier broadcast
                     entries.remove(entry)
                     stale.append(entry[1])
-            entries.append((seq, link))
+            entries.append((seq, link, binds))
             entries.sort(key=lambda e: e[0])
             self.cond.notify_all()
         for old in stale:
             old.close()
 
     def take(self, comm, addr, deadline: float):
-        """The link ``addr`` opened to us for this broadcast; probes it while waiting."""
+        """``(link, binds)``: the link ``addr`` opened to us for this broadcast, and whether it asked for
+        shared memory (``share_memory=True``); probes it while waiting."""
         name = addr.get_name()
         record = comm._lookup(addr)
         next_probe = time.monotonic() + PROBE_INTERVAL
@@ -175,7 +186,7 @@ class _State:
                 link = None
                 entries = self.inbox.get(name)
                 while entries:
-                    _seq, candidate = entries.pop(0)
+                    _seq, candidate, binds = entries.pop(0)
                     if candidate.peer_closed():
                         stale.append(candidate)
                         continue
@@ -190,13 +201,13 @@ class _State:
             for old in stale:
                 old.close()
             if link is not None:
-                return link
+                return link, binds
             if time.monotonic() >= next_probe:
                 record = comm._check_alive(addr, record, "cpu")  # raises ConnectionError once it is gone
                 next_probe = time.monotonic() + PROBE_INTERVAL
 
-    def connect(self, comm, addr, deadline: float):
-        """Open a link to ``addr``, which feeds us in this broadcast."""
+    def connect(self, comm, addr, deadline: float, bind: bool = False):
+        """Open a link to ``addr``, which feeds us in this broadcast; ``bind``: we ask for shared memory."""
         name = addr.get_name()
         with self.cond:
             seq = self.seq.get(name, 0)
@@ -206,7 +217,8 @@ class _State:
                 feeder, token = self.reports.popleft()
                 self.released.setdefault(feeder, []).append(token)
             released = self.released.pop(name, [])[-_MAX_REPORTS:]  # older ones were lent past the source's bound
-        hello = json.dumps({"service": SERVICE, "src": comm.name, "seq": seq, "released": released}).encode()
+        hello = json.dumps({"service": SERVICE, "src": comm.name, "seq": seq, "released": released,
+                            "bind": bind}).encode()
         transport = comm._transports["cpu"]
         try:
             # again while the feeder is too busy to begin; not once the hello went out: the feeder may take
@@ -242,6 +254,39 @@ class _State:
         seg.uid = secrets.token_hex(8)  # names the segment itself to receivers, apart from any other one
         seg.token = secrets.token_hex(8)
         return seg
+
+    def bound_segment(self, readers: frozenset, nbytes: int):
+        """The segment ``readers`` are bound to, if it has room for ``nbytes``; else a segment no receiver maps.
+
+        Only a broadcast to exactly ``readers`` writes it: each of them is inside that broadcast then (the
+        source took all their connections first), so none is reading the tensors being written."""
+        with self.segment_lock:
+            seg = self.bound.pop(readers, None)
+        if seg is not None:
+            if nbytes <= seg.capacity <= max(2 * nbytes, nbytes + (8 << 20)):
+                self.last_served = time.monotonic()
+                return seg
+            seg.close()  # the payload changed size: the receivers rebind to the new one
+        return self.acquire_segment(nbytes)
+
+    def keep_bound(self, readers: frozenset, seg) -> None:
+        """After a broadcast every one of ``readers`` bound its tensors to ``seg``: keep it for their next one.
+
+        A segment let go here is only closed on this side: the receivers' tensors keep its memory, and it is
+        never written again (their next broadcast from us binds them to a fresh one)."""
+        closing = []
+        with self.segment_lock:
+            if self.closed:
+                closing.append(seg)
+            else:
+                old = self.bound.pop(readers, None)
+                if old is not None and old is not seg:
+                    closing.append(old)
+                self.bound[readers] = seg
+                while len(self.bound) > _MAX_BOUND:
+                    closing.append(self.bound.popitem(last=False)[1])
+        for old in closing:
+            old.close()
 
     def release_segment(self, seg, holders: set, reusable: bool) -> None:
         """After a broadcast: back to the pool, lent to the receivers in ``holders`` (they keep views of
@@ -319,9 +364,10 @@ class _State:
             for feeder in stale:
                 del self.mapped[feeder]
             if now - self.last_served >= idle:
-                closing = self.free + [seg for seg, _h in self.lent.values()]
+                closing = self.free + [seg for seg, _h in self.lent.values()] + list(self.bound.values())
                 self.free = []
                 self.lent.clear()
+                self.bound.clear()
         for seg in closing:
             seg.close()
         return len(stale) + len(closing)
@@ -334,13 +380,14 @@ class _State:
     def close(self) -> None:
         with self.segment_lock:
             self.closed = True
-            segs = self.free + [seg for seg, _h in self.lent.values()]
+            segs = self.free + [seg for seg, _h in self.lent.values()] + list(self.bound.values())
             self.free, self.mapped = [], {}
             self.lent.clear()
+            self.bound.clear()
         for seg in segs:
             seg.close()
         with self.cond:
-            links = [link for entries in self.inbox.values() for _s, link in entries]
+            links = [entry[1] for entries in self.inbox.values() for entry in entries]
             self.inbox.clear()
         for link in links:
             link.close()
@@ -499,10 +546,11 @@ class _Child:
         self.link = None
         self.error: Optional[dict] = None
         self.kept = False  # it keeps views of our segment (set by its acknowledgement)
+        self.binds = False  # it asked for shared memory (share_memory=True)
 
     def join(self, state: _State, deadline: float) -> None:
         try:
-            self.link = state.take(self.comm, self.addr, deadline)
+            self.link, self.binds = state.take(self.comm, self.addr, deadline)
         except Exception as exc:
             self.error = _failure(self.comm, self.name, self.addr, exc, "waiting for")
 
@@ -605,23 +653,30 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
         t.start()
     seg = None
     errors = []
+    # every receiver on this host asked for shared memory: their tensors become one segment, written here once
+    # per broadcast (a tensor payload only; with any other receiver there, all of them copy out as usual)
+    readers = frozenset(c.name for c in shm_children)
+    bind = bool(shm_children) and meta["form"] == "tensors" and all(c.binds for c in shm_children)
     try:
         if shm_children:
             from .shm import DATA_OFFSET, parallel_copy
 
-            seg = state.acquire_segment(max(total, 1))
+            seg = state.bound_segment(readers, max(total, 1)) if bind else state.acquire_segment(max(total, 1))
             for b, off in zip(buffers, offsets):
                 if b.nbytes:
                     parallel_copy(seg.view[DATA_OFFSET + off : DATA_OFFSET + off + b.nbytes], np.frombuffer(b, np.uint8))
             shm_meta = _dumps({**meta, "segment": DATA_OFFSET + seg.capacity, "token": seg.token, "uid": seg.uid,
-                               "readers": len(shm_children)})
+                               "readers": len(shm_children), "bind": bind})
             for c in shm_children:
                 c.send_fds([shm_meta], [seg.fd], deadline)
         for c in shm_children:
             errors += c.acknowledgement(deadline)
-        if seg is not None:  # never rewritten while a receiver may still read it or holds views of it
-            # reused only when every receiver said how it left it: one that failed may still map it
-            state.release_segment(seg, {c.name for c in shm_children if c.kept}, reusable=not errors)
+        if seg is not None:
+            if bind and not errors:
+                state.keep_bound(readers, seg)
+            else:  # never rewritten while a receiver may still read it or holds views of it
+                # reused only when every receiver said how it left it: one that failed may still map it
+                state.release_segment(seg, {c.name for c in shm_children if c.kept}, reusable=not errors and not bind)
             seg = None
             comm._start_housekeeping()  # trims the pool once broadcasts stop
         for t in threads:
@@ -668,11 +723,12 @@ def _serve_p2p(comm, obj, members, src, children, deadline: float, timeout: floa
 
 
 # -- a receiver -------------------------------------------------------------------------------
-def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, deadline: float, timeout: float):
+def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, deadline: float, timeout: float,
+             share_memory: bool = False):
     me = comm.name
     feeder = parent[me]
     try:
-        link = state.connect(comm, feeder, deadline)
+        link = state.connect(comm, feeder, deadline, bind=out is not None and share_memory)
     except Exception as exc:
         err = _failure(comm, feeder.get_name(), feeder, exc, "connecting to")
         raise (PeerDiedError if err["kind"] == "died" else CommTimeoutError if err["kind"] == "timeout"
@@ -757,8 +813,11 @@ def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, de
                 whole = np.frombuffer(buf, dtype=np.uint8)[DATA_OFFSET:]
                 buffers = [whole[off : off + n] for off, n in zip(offsets, sizes)]
                 return codec.decode(meta["header"], buffers), None, True
-            whole = np.frombuffer(state.shared_mapping(feeder, meta.get("uid"), fds[0], meta["segment"]),
-                                  dtype=np.uint8)[DATA_OFFSET:]
+            mapping = state.shared_mapping(feeder, meta.get("uid"), fds[0], meta["segment"])
+            # out's tensors become (stay) views of the segment: no copy at all
+            if meta.get("bind") and _bind(out, meta, mapping, [DATA_OFFSET + off for off in offsets], me):
+                return out, None, False
+            whole = np.frombuffer(mapping, dtype=np.uint8)[DATA_OFFSET:]
             # several readers on one host share its cores already: each copies on its own thread then
             copy = parallel_copy if meta.get("readers", 1) == 1 else np.copyto
             for i, (off, n) in enumerate(zip(offsets, sizes)):
@@ -798,8 +857,50 @@ def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, de
     return codec.decode(meta["header"], buffers), None, False
 
 
+def _bind(out, meta: dict, mapping, offsets: list, me: str) -> bool:
+    """Point every tensor of ``out`` at its bytes in ``mapping`` (``Tensor.set_``), unless it already does.
+
+    The tensor objects stay the same (a model's parameters keep their identity and ``requires_grad``); only
+    their storage changes, the first time.  ``out`` was checked against the source's description already.
+    False if torch refused one (an inference-mode tensor): the caller then copies into the rest, so every
+    tensor has the new values either way (the ones bound already read them in the segment)."""
+    torch = sys.modules["torch"]
+    base = torch.frombuffer(mapping, dtype=torch.uint8)  # holds the mapping for as long as a tensor uses it
+    storage = base.untyped_storage()
+    where = storage.data_ptr()
+    container = meta["container"]
+    with torch.no_grad():
+        for key, i, _dtype, shape in meta["entries"]:
+            t = out if container == "tensor" else out[key]
+            if t.numel() == 0:
+                continue
+            size = t.element_size()
+            first = offsets[i] // size  # offsets are 64-byte aligned
+            if t.untyped_storage().data_ptr() == where and t.storage_offset() == first and t.is_contiguous():
+                continue  # bound by an earlier broadcast: the source wrote the new values in place
+            try:
+                t.set_(storage, first, tuple(shape), _contiguous_strides(shape))
+            except RuntimeError as exc:
+                import logging
+
+                logging.getLogger("rlinf.broadcast").warning(
+                    "%s: broadcast(share_memory=True) cannot move %s onto shared memory (%s); copying into it "
+                    "instead", me, "out=" if container == "tensor" else f"out[{key!r}]", exc)
+                return False
+    return True
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(strides))
+
+
 # -- the entry point ----------------------------------------------------------------------------
-def broadcast(comm, obj, members: list, src, out, transport: Optional[str], timeout: float, async_op: bool):
+def broadcast(comm, obj, members: list, src, out, transport: Optional[str], timeout: float, async_op: bool,
+              share_memory: bool = False):
     """Run one broadcast in this process's turn; ``members`` and ``src`` are addresses."""
     state = getattr(comm, "broadcast_state", None)
     if state is None:
@@ -824,7 +925,7 @@ def broadcast(comm, obj, members: list, src, out, transport: Optional[str], time
             parent, child = plan
             if me == src:
                 return _serve(comm, state, obj, members, src, parent, deadline, timeout, fallback, eager)
-            return _receive(comm, state, me, members, src, parent, child, out, deadline, timeout)
+            return _receive(comm, state, me, members, src, parent, child, out, deadline, timeout, share_memory)
         except TimeoutError as exc:
             if isinstance(exc, CommunicationError):
                 raise

@@ -268,15 +268,16 @@ def _p2p_recv_tensor(fn):
 
 def _broadcast(fn):
     @functools.wraps(fn)
-    def traced_broadcast(obj=None, groups=None, src=None, async_op=False, options=None, timeout=None, out=None):
+    def traced_broadcast(obj=None, groups=None, src=None, async_op=False, options=None, timeout=None, out=None,
+                         share_memory=False):
         start = clock()
         args = {"src": f"{src[0]}:{src[1]}" if src else None, "groups": repr(groups)}
         if async_op:
-            work = fn(obj, groups, src, async_op, options, timeout, out)
+            work = fn(obj, groups, src, async_op, options, timeout, out, share_memory)
             _on_done(work, "broadcast (async)", "p2p", start, args)
             return work
         try:
-            return fn(obj, groups, src, async_op, options, timeout, out)
+            return fn(obj, groups, src, async_op, options, timeout, out, share_memory)
         finally:
             record("X", "broadcast", "p2p", start, clock(), args)
 

@@ -192,13 +192,16 @@ class Worker:
         options: Optional["CollectiveGroupOptions"] = None,
         timeout: Optional[float] = None,
         out: Any = None,
+        share_memory: bool = False,
     ):
         """Every listed worker calls this; the source's object is returned everywhere.
 
         ``out`` (on receivers): a tensor or a dict/list/tuple of tensors to fill in place (and return).
+        ``share_memory`` (receivers with ``out``): the receivers on the source's host share one copy of
+        ``out``'s tensors, which the source writes once per broadcast (see ``rlinf.scheduler.p2p.api.broadcast``).
         """
         return _p2p().broadcast(object, groups=groups, src=src, async_op=async_op, options=options, timeout=timeout,
-                                out=out)
+                                out=out, share_memory=share_memory)
 
     # -- channels -----------------------------------------------------------------
     def create_channel(self, name: Optional[str] = None, node_id: Optional[int] = None, maxsize: int = 0, **aliases):
