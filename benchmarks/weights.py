@@ -4,9 +4,10 @@
 
 * rlinf shm: ``broadcast(state_dict)`` on the trainer, ``broadcast(out=own_state_dict)``
   on each receiver (filled in place); the payload is written once into shared memory.
-* rlinf shm shared: the same with ``share_memory=True`` on the receivers: their state dicts'
-  tensors become one shared copy (same tensor objects), which the source writes once per
-  broadcast while all receivers are inside it; no receiver copies anything.
+* rlinf shm shared: the same with ``share_memory=True`` on the receivers: the memory behind
+  their state dicts' tensors moves onto the segment the source wrote (same tensor objects;
+  the source alternates between two segments, never writing one a receiver is on); no
+  receiver copies anything.
 * rlinf TCP: the same with ``RLINF_CPU_LOCAL=0`` (a chunked, pipelined chain).
 * rlinf shm views: ``broadcast(groups=...)`` without ``out=``: receivers get copy-on-write
   views of the segment (no copy; the like of Ray's zero-copy reads), kept until the next round.

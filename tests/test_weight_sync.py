@@ -220,56 +220,137 @@ def _segment_of(t) -> str:
     return ""
 
 
+def _model_like(sd: dict) -> tuple[dict, dict]:
+    """``(parameters, state_dict)``: zeroed parameters shaped as ``sd`` (``head`` tied to ``emb``) and detached
+    aliases of them, as ``model.state_dict()`` returns."""
+    params = {k: torch.nn.Parameter(torch.zeros_like(v), requires_grad=v.is_floating_point())
+              for k, v in sd.items() if k != "head"}
+    params["head"] = params["emb"]
+    out = {k: p.detach() for k, p in params.items() if k != "head"}
+    out["head"] = out["emb"]
+    return params, out
+
+
 def _shared(w, mixed):
-    """Receivers with ``share_memory=True``: their tensors become one segment the source writes once per
-    broadcast, only while all of them are inside one.  ``mixed``: rank 3 does not ask, so all copy out."""
+    """Receivers with ``share_memory=True``: the storages behind their state dicts move onto the segment
+    the source wrote (their parameters read the new values, and all three hold one copy); the source
+    never writes a segment a receiver is on, so they alternate between two.  ``mixed``: rank 3 copies."""
     _use_path("shm")
     groups = [("wsync", [0, 1, 2, 3])]
     if w._rank == 0:
-        for step in (1.0, 2.0, 3.0):
+        for step in (1.0, 2.0, 3.0, 4.0):
             w.broadcast(_state(step), groups=groups, timeout=60)
         w.broadcast(groups=groups, timeout=60)  # every receiver checked the last weights
         w.broadcast(groups=groups, timeout=60)  # rank 1 wrote into its tensors before this one
+        w.broadcast(_state(9.0), groups=[("wsync", [0, 1])], timeout=60)  # rank 1 alone, copying
+        w.broadcast(groups=groups, timeout=60)
         return None
-    out = _zeros_like(_state(0.0))
-    out["w"] = torch.nn.Parameter(out["w"])  # a model's parameter keeps its identity and requires_grad
-    ids = {k: id(v) for k, v in out.items()}
+    params, out = _model_like(_state(0.0))
     share = not (mixed and w._rank == 3)
-    seen, ptrs, waited = [], [], None
-    for step in (1.0, 2.0, 3.0):
+    seen, segments, waited = [], [], None
+    for step in (1.0, 2.0, 3.0, 4.0):
         if step == 2.0 and w._rank == 1:
-            time.sleep(1.0)  # the source must not write the next weights while we may still read these
-            waited = float(out["w"][0]) == 1.0 and float(out["emb"][0, 0]) == 1.0
+            time.sleep(1.0)  # the source writes the next weights meanwhile, never into the memory we read
+            waited = float(params["w"][0]) == 1.0 and float(params["emb"][0, 0]) == 1.0
         w.broadcast(groups=groups, out=out, timeout=60, share_memory=share)
         expect = _state(step)
-        seen.append(all(torch.equal(out[k].detach(), expect[k]) for k in expect))
-        ptrs.append({k: v.untyped_storage().data_ptr() for k, v in out.items() if v.numel()})
+        seen.append(all(torch.equal(params[k].detach(), expect[k]) for k in expect))
+        segments.append(_segment_of(params["w"]))
     w.broadcast(None, groups=groups, timeout=60)
     if w._rank == 1:
-        out["b"][0] = 99  # shared: the other receivers see it
+        params["b"].data[0] = 99  # memory shared with the other receivers of that broadcast: they see it
     w.broadcast(None, groups=groups, timeout=60)
-    return (seen, waited, ptrs[1] == ptrs[2], {k: id(v) for k, v in out.items()} == ids,
-            out["head"] is out["emb"], isinstance(out["w"], torch.nn.Parameter) and out["w"].requires_grad,
-            int(out["b"][0]), _segment_of(out["w"]))
+    b0 = int(params["b"][0])
+    if w._rank == 1:  # copying into shared tensors gives them private memory first: the others keep theirs
+        w.broadcast(groups=[("wsync", [0, 1])], out=out, timeout=60)
+    w.broadcast(None, groups=groups, timeout=60)
+    after = float(params["w"][0])
+    return seen, waited, segments, b0, after, params["head"] is params["emb"]
 
 
 @cpu_transport_internals
 @pytest.mark.parametrize("mixed", [False, True])
-def test_receivers_that_share_memory_hold_one_copy_written_once_per_broadcast(five, mixed):
+def test_receivers_that_share_memory_hold_one_copy_the_source_never_writes_under_them(five, mixed):
     got = [r.wait(timeout=120)[0] for r in _on(five, range(4), _shared, mixed)][1:]
-    for rank, (seen, waited, steady, same_objects, tied, param, b0, segment) in zip((1, 2, 3), got):
-        assert seen == [True, True, True], (rank, got)
-        assert same_objects and tied and param, (rank, got)
-        assert steady, (rank, got)  # no rebinding after the first broadcast, nor copies into new memory
+    for rank, (seen, waited, segments, b0, after, tied) in zip((1, 2, 3), got):
+        assert seen == [True] * 4 and tied, (rank, got)
         if rank == 1:
-            assert waited is True, got
-    segments = {g[-1] for g in got}
-    if not mixed:
-        assert len(segments) == 1 and "" not in segments, got  # one copy for all three
-        assert [g[-2] for g in got] == [99, 99, 99], got  # a write to a shared tensor is seen by all
+            assert waited is True and after == 9.0, got
+        else:
+            assert after == 4.0, (rank, got)  # rank 1's copy did not reach them
+        if mixed and rank == 3:
+            assert segments == [""] * 4 and b0 == 4, got  # its own memory, copied into
+            continue
+        x, y = segments[:2]
+        assert x and y and x != y and segments == [x, y, x, y], (rank, got)  # two segments in turn
+        assert b0 == 99, (rank, got)
+    assert got[0][2] == got[1][2], got  # one copy for the receivers that share
+
+
+def _timed_out_keeps_weights(w):
+    """A receiver that gives up on a broadcast (its timeout passes while the source waits for a slower
+    one) keeps the weights it had: the source writes a segment nobody is on."""
+    _use_path("shm")
+    groups = [("wsync", [0, 1, 2])]
+    if w._rank == 0:
+        w.broadcast(_state(1.0), groups=groups, timeout=60)
+        try:
+            w.broadcast(_state(2.0), groups=groups, timeout=30)
+            outcome = None
+        except CommunicationError as exc:
+            outcome = str(exc)
+        w.broadcast(groups=groups, timeout=60)
+        return outcome
+    params, out = _model_like(_state(0.0))
+    w.broadcast(groups=groups, out=out, timeout=60, share_memory=True)
+    if w._rank == 1:
+        try:
+            w.broadcast(groups=groups, out=out, timeout=0.5, share_memory=True)
+            gave_up = False
+        except CommunicationError:
+            gave_up = True
+        time.sleep(2.5)  # the source has written and sent the next weights by now
     else:
-        assert segments == {""}, got  # each keeps its own memory and copies into it
-        assert [g[-2] for g in got] == [99, 3, 3], got
+        time.sleep(2.0)
+        w.broadcast(groups=groups, out=out, timeout=60, share_memory=True)
+        gave_up = None
+    w.broadcast(groups=groups, timeout=60)
+    expect = _state(1.0 if w._rank == 1 else 2.0)
+    return gave_up, all(torch.equal(params[k].detach(), expect[k]) for k in expect)
+
+
+@cpu_transport_internals
+def test_a_receiver_that_gave_up_keeps_its_weights_while_the_source_writes_the_next(five):
+    outcome, r1, r2 = [r.wait(timeout=120)[0] for r in _on(five, range(3), _timed_out_keeps_weights)]
+    assert r1 == (True, True) and r2 == (None, True), (r1, r2)
+    assert outcome is not None and "rank 1" in outcome, outcome
+
+
+def _two_models(w):
+    """The same receivers share two state dicts of one layout (a policy and a reference model), broadcast in
+    turn: neither is ever written by the other's broadcast."""
+    _use_path("shm")
+    groups = [("wsync", [0, 1, 2])]
+    if w._rank == 0:
+        for step in (1.0, 2.0, 3.0):
+            w.broadcast(_state(step), groups=groups, timeout=60)
+            w.broadcast(_state(10 * step), groups=groups, timeout=60)
+        return None
+    policy, policy_out = _model_like(_state(0.0))
+    ref, ref_out = _model_like(_state(0.0))
+    ok = []
+    for step in (1.0, 2.0, 3.0):
+        w.broadcast(groups=groups, out=policy_out, timeout=60, share_memory=True)
+        w.broadcast(groups=groups, out=ref_out, timeout=60, share_memory=True)
+        ok.append(all(torch.equal(policy[k].detach(), v) for k, v in _state(step).items())
+                  and all(torch.equal(ref[k].detach(), v) for k, v in _state(10 * step).items()))
+    return ok
+
+
+@cpu_transport_internals
+def test_two_shared_state_dicts_of_one_layout_never_overwrite_each_other(five):
+    got = [r.wait(timeout=120)[0] for r in _on(five, range(3), _two_models)]
+    assert got == [None, [True] * 3, [True] * 3], got
 
 
 def _share_memory_elsewhere(w):
@@ -443,3 +524,37 @@ def test_views_dropped_while_the_pool_lock_is_held_do_not_deadlock():
         assert list(state.reports) == [("g:0", seg.token)]
     finally:
         state.close()
+
+
+def test_sharing_moves_whole_storages_and_leaves_views_of_larger_ones_to_be_copied():
+    """In one process, on a real segment: a parameter behind its detached alias moves (the parameter reads
+    the segment), a view of a larger tensor is left to be copied; the segment is reported released once no
+    storage is on it any more (a copy into the tensors first gives them private memory)."""
+    import numpy as np
+
+    from rlinf.scheduler.p2p import broadcast as bc
+    from rlinf.scheduler.p2p.shm import DATA_OFFSET, create_segment
+
+    sent = {"w": torch.arange(1000, dtype=torch.float32), "v": torch.full((10,), 7.0)}
+    payload = bc.encode(sent)
+    offsets, total = bc._layout(payload.meta["sizes"])
+    seg = create_segment(1, total)
+    state = bc._State()
+    try:
+        whole = np.frombuffer(seg.view, dtype=np.uint8)
+        for b, off in zip(payload.buffers, offsets):
+            whole[DATA_OFFSET + off : DATA_OFFSET + off + b.nbytes] = np.frombuffer(b, dtype=np.uint8)
+        param = torch.nn.Parameter(torch.zeros(1000))
+        big = torch.zeros(20)
+        out = {"w": param.detach(), "v": big[:10]}
+        mapping = state.shared_mapping("g:0", "uid", seg.fd, DATA_OFFSET + seg.capacity)
+        left, moved = bc._share(out, {**payload.meta, "token": "t1"}, mapping,
+                                [DATA_OFFSET + off for off in offsets], state, "g:1", "g:1")
+        assert moved and [t is out["v"] for _i, t in left] == [True]
+        assert torch.equal(param.detach(), sent["w"]) and float(big[0]) == 0.0
+        assert not state.reports  # lent while the parameter is on it
+        assert bc._unshare(out) and torch.equal(param.detach(), sent["w"])
+        assert list(state.reports) == [("g:1", "t1")]
+    finally:
+        state.close()
+        seg.close()

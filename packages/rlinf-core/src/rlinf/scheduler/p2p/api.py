@@ -141,16 +141,18 @@ def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tupl
     returned; shapes and dtypes are checked against the source's before any
     byte is written.
 
-    ``share_memory=True`` (receivers with ``out``): when every receiver on
-    the source's host asks for it, their ``out`` tensors are moved onto one
-    shared-memory copy that the source writes once per broadcast, and no
-    receiver copies anything (like ``Tensor.share_memory_()``, the tensor
-    objects stay the same; only their storage moves, on the first
-    broadcast).  From then on those receivers share these tensors: a write
-    to them is seen by all of them, and each later broadcast from the same
-    source to the same receivers writes them in place while all of them are
-    inside it.  Elsewhere (another host, another transport, receivers on
-    the source's host that did not all ask) ``out`` is filled by copying.
+    ``share_memory=True`` (receivers with ``out``): on the source's host,
+    ``out``'s tensors are not copied into but moved, as
+    ``Tensor.share_memory_()`` moves a storage, onto the shared memory the
+    source wrote once: the tensor objects, and every alias of their storage
+    (a model's parameters behind ``model.state_dict()``), read the new
+    values, and the receivers on that host hold one copy between them.
+    The source never writes memory a receiver's tensors are on (the next
+    broadcast moves them onto another segment).  Receivers holding the
+    same broadcast share its memory: a write to those tensors is seen by
+    the others, until a broadcast moves them (one filled by copying first
+    gives them private memory again).  A tensor that is a view of a larger
+    storage is copied into; so is ``out`` on another host or transport.
     See ``broadcast.py`` for how the payload travels.
     """
     members = broadcast_members(groups)

@@ -16,11 +16,11 @@ registry (no round of messages decides it):
   training loop's broadcasts touch only warm pages.  A segment a receiver
   still holds views of is lent, never written: the receiver reports it
   released (with its next connection to that feeder) once the last view is
-  gone, and only then does it go back to the pool.  With ``share_memory=True``
-  (every receiver on the host asking, in its hello) there is no copy out:
-  each receiver points its ``out`` tensors at the segment (``Tensor.set_``,
-  once), and the source keeps that segment for exactly that set of
-  receivers, writing it again only inside a broadcast to all of them.  A source holds at most
+  gone, and only then does it go back to the pool.  A receiver with ``out=`` and
+  ``share_memory=True`` copies nothing: it moves the storages behind its
+  tensors onto the segment (its kept shared mapping of it), and the
+  segment is lent to it, as to views, until no storage of it is on that
+  segment (the next broadcast moves them to another one).  A source holds at most
   one free segment and three lent ones (a receiver swapping weights holds
   the last round's views while the next arrives: two are lent then); past
   that the oldest lent one is closed on the source, and the kernel frees it
@@ -92,8 +92,8 @@ PROBE_INTERVAL = 1.0
 #: (receivers that swap weights hold the last round's views while the next arrives: two are lent then)
 _MAX_FREE = 1
 _MAX_LENT = 3
-#: segments a source keeps bound to receivers' tensors (``share_memory=True``), one per set of receivers
-_MAX_BOUND = 2
+#: mappings a receiver keeps per feeder: receivers sharing memory alternate between two segments
+_MAX_MAPPED = 2
 #: release reports a receiver keeps per source until its next connection there (the source lends at most 3)
 _MAX_REPORTS = 16
 
@@ -128,7 +128,7 @@ class _State:
 
     def __init__(self):
         self.cond = threading.Condition()
-        self.inbox: dict[str, list] = {}  # connecting peer -> [(seq, link, binds)], lowest seq first
+        self.inbox: dict[str, list] = {}  # connecting peer -> [(seq, link)], lowest seq first
         self.seq: dict[str, int] = {}  # peer -> seq of our next connection to it
         self.turnstile = Turnstile()
         self.runner = SerialRunner("rlinf-broadcast")
@@ -139,12 +139,11 @@ class _State:
         self.free: list = []  # segments no receiver maps: written over by the next broadcast
         self.lent: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()  # token -> (seg, holders)
         self.early: "collections.OrderedDict[str, set]" = collections.OrderedDict()  # released before we recorded the lending
-        # receiver names -> the segment those receivers' tensors are (share_memory=True): written again only by a
-        # broadcast to exactly them, which all of them are inside of
-        self.bound: "collections.OrderedDict[frozenset, Any]" = collections.OrderedDict()
         self.last_served = time.monotonic()
         # receiver side
-        self.mapped: dict[str, list] = {}  # feeder -> [(uid, dev, inode, size), shared mapping, last used]
+        # feeder -> {(uid, dev, inode, size): shared mapping}, most recently used last; and when last used
+        self.mapped: dict[str, "collections.OrderedDict"] = {}
+        self.mapped_used: dict[str, float] = {}
         self.released: dict[str, list] = {}  # feeder -> lending tokens of its segments whose views we dropped
         # filled by garbage-collector finalizers, which may run on a thread holding segment_lock: so no lock,
         # only an append (atomic); drained by connect
@@ -155,7 +154,6 @@ class _State:
         try:
             peer, seq = str(info["src"]), int(info["seq"])
             released = [str(t) for t in info.get("released", ())]
-            binds = info.get("bind") is True
         except (KeyError, TypeError, ValueError):
             link.close()
             return
@@ -168,15 +166,14 @@ class _State:
                 if entry[1].peer_closed():  # a peer that gave up on an earlier broadcast
                     entries.remove(entry)
                     stale.append(entry[1])
-            entries.append((seq, link, binds))
+            entries.append((seq, link))
             entries.sort(key=lambda e: e[0])
             self.cond.notify_all()
         for old in stale:
             old.close()
 
     def take(self, comm, addr, deadline: float):
-        """``(link, binds)``: the link ``addr`` opened to us for this broadcast, and whether it asked for
-        shared memory (``share_memory=True``); probes it while waiting."""
+        """The link ``addr`` opened to us for this broadcast; probes it while waiting."""
         name = addr.get_name()
         record = comm._lookup(addr)
         next_probe = time.monotonic() + PROBE_INTERVAL
@@ -186,7 +183,7 @@ class _State:
                 link = None
                 entries = self.inbox.get(name)
                 while entries:
-                    _seq, candidate, binds = entries.pop(0)
+                    _seq, candidate = entries.pop(0)
                     if candidate.peer_closed():
                         stale.append(candidate)
                         continue
@@ -201,13 +198,13 @@ class _State:
             for old in stale:
                 old.close()
             if link is not None:
-                return link, binds
+                return link
             if time.monotonic() >= next_probe:
                 record = comm._check_alive(addr, record, "cpu")  # raises ConnectionError once it is gone
                 next_probe = time.monotonic() + PROBE_INTERVAL
 
-    def connect(self, comm, addr, deadline: float, bind: bool = False):
-        """Open a link to ``addr``, which feeds us in this broadcast; ``bind``: we ask for shared memory."""
+    def connect(self, comm, addr, deadline: float):
+        """Open a link to ``addr``, which feeds us in this broadcast."""
         name = addr.get_name()
         with self.cond:
             seq = self.seq.get(name, 0)
@@ -217,8 +214,7 @@ class _State:
                 feeder, token = self.reports.popleft()
                 self.released.setdefault(feeder, []).append(token)
             released = self.released.pop(name, [])[-_MAX_REPORTS:]  # older ones were lent past the source's bound
-        hello = json.dumps({"service": SERVICE, "src": comm.name, "seq": seq, "released": released,
-                            "bind": bind}).encode()
+        hello = json.dumps({"service": SERVICE, "src": comm.name, "seq": seq, "released": released}).encode()
         transport = comm._transports["cpu"]
         try:
             # again while the feeder is too busy to begin; not once the hello went out: the feeder may take
@@ -254,39 +250,6 @@ class _State:
         seg.uid = secrets.token_hex(8)  # names the segment itself to receivers, apart from any other one
         seg.token = secrets.token_hex(8)
         return seg
-
-    def bound_segment(self, readers: frozenset, nbytes: int):
-        """The segment ``readers`` are bound to, if it has room for ``nbytes``; else a segment no receiver maps.
-
-        Only a broadcast to exactly ``readers`` writes it: each of them is inside that broadcast then (the
-        source took all their connections first), so none is reading the tensors being written."""
-        with self.segment_lock:
-            seg = self.bound.pop(readers, None)
-        if seg is not None:
-            if nbytes <= seg.capacity <= max(2 * nbytes, nbytes + (8 << 20)):
-                self.last_served = time.monotonic()
-                return seg
-            seg.close()  # the payload changed size: the receivers rebind to the new one
-        return self.acquire_segment(nbytes)
-
-    def keep_bound(self, readers: frozenset, seg) -> None:
-        """After a broadcast every one of ``readers`` bound its tensors to ``seg``: keep it for their next one.
-
-        A segment let go here is only closed on this side: the receivers' tensors keep its memory, and it is
-        never written again (their next broadcast from us binds them to a fresh one)."""
-        closing = []
-        with self.segment_lock:
-            if self.closed:
-                closing.append(seg)
-            else:
-                old = self.bound.pop(readers, None)
-                if old is not None and old is not seg:
-                    closing.append(old)
-                self.bound[readers] = seg
-                while len(self.bound) > _MAX_BOUND:
-                    closing.append(self.bound.popitem(last=False)[1])
-        for old in closing:
-            old.close()
 
     def release_segment(self, seg, holders: set, reusable: bool) -> None:
         """After a broadcast: back to the pool, lent to the receivers in ``holders`` (they keep views of
@@ -330,25 +293,31 @@ class _State:
 
     # -- segments, receiver side ------------------------------------------------------------
     def shared_mapping(self, feeder: str, uid: Optional[str], fd: int, size: int):
-        """A read-write mapping of the segment behind ``fd``: the one kept from ``feeder``'s last
-        broadcast if it is the same segment (its pages are mapped already), else a new one, kept."""
+        """A read-write mapping of the segment behind ``fd``: one kept from ``feeder``'s last broadcasts if
+        it is the same segment (its pages are mapped already), else a new one, kept (``_MAX_MAPPED``)."""
         from .shm import map_shared
 
         st = os.fstat(fd)
         key = (uid, st.st_dev, st.st_ino, size)
         with self.segment_lock:
-            entry = self.mapped.get(feeder)
-            if entry is not None and entry[0] == key:
-                entry[2] = time.monotonic()
-                return entry[1]
+            kept = self.mapped.get(feeder)
+            if kept is not None and key in kept:
+                kept.move_to_end(key)
+                self.mapped_used[feeder] = time.monotonic()
+                return kept[key]
         buf = map_shared(fd, size)
         with self.segment_lock:
-            self.mapped[feeder] = [key, buf, time.monotonic()]  # the one it replaces is unmapped once nothing views it
+            kept = self.mapped.setdefault(feeder, collections.OrderedDict())
+            kept[key] = buf
+            while len(kept) > _MAX_MAPPED:  # unmapped once nothing views it
+                kept.popitem(last=False)
+            self.mapped_used[feeder] = time.monotonic()
         return buf
 
     def forget_mapping(self, feeder: str) -> None:
         with self.segment_lock:
             self.mapped.pop(feeder, None)
+            self.mapped_used.pop(feeder, None)
 
     def drop_idle(self, idle: float) -> int:
         """Let go of segments no broadcast used for ``idle`` seconds; returns how many.
@@ -360,14 +329,14 @@ class _State:
         now = time.monotonic()
         closing = []
         with self.segment_lock:
-            stale = [f for f, entry in self.mapped.items() if now - entry[2] >= idle]
+            stale = [f for f in self.mapped if now - self.mapped_used.get(f, 0.0) >= idle]
             for feeder in stale:
                 del self.mapped[feeder]
+                self.mapped_used.pop(feeder, None)
             if now - self.last_served >= idle:
-                closing = self.free + [seg for seg, _h in self.lent.values()] + list(self.bound.values())
+                closing = self.free + [seg for seg, _h in self.lent.values()]
                 self.free = []
                 self.lent.clear()
-                self.bound.clear()
         for seg in closing:
             seg.close()
         return len(stale) + len(closing)
@@ -380,14 +349,13 @@ class _State:
     def close(self) -> None:
         with self.segment_lock:
             self.closed = True
-            segs = self.free + [seg for seg, _h in self.lent.values()] + list(self.bound.values())
-            self.free, self.mapped = [], {}
+            segs = self.free + [seg for seg, _h in self.lent.values()]
+            self.free, self.mapped, self.mapped_used = [], {}, {}
             self.lent.clear()
-            self.bound.clear()
         for seg in segs:
             seg.close()
         with self.cond:
-            links = [entry[1] for entries in self.inbox.values() for entry in entries]
+            links = [link for entries in self.inbox.values() for _s, link in entries]
             self.inbox.clear()
         for link in links:
             link.close()
@@ -504,6 +472,8 @@ def copy_into(obj: Any, out: Any, me: str) -> Any:
     meta = encode(obj).meta if _tensor_items(obj) is not None else {"entries": None, "what": _describe(obj),
                                                                        "sizes": []}
     targets = _targets_for_out(out, meta, me)
+    if _unshare(out):  # moved off a shared segment: the byte views must be of their new memory
+        targets = _targets_for_out(out, meta, me)
     for (key, i, _d, _s) in meta["entries"]:
         src = obj if meta["container"] == "tensor" else obj[key]
         if src.numel():
@@ -546,11 +516,10 @@ class _Child:
         self.link = None
         self.error: Optional[dict] = None
         self.kept = False  # it keeps views of our segment (set by its acknowledgement)
-        self.binds = False  # it asked for shared memory (share_memory=True)
 
     def join(self, state: _State, deadline: float) -> None:
         try:
-            self.link, self.binds = state.take(self.comm, self.addr, deadline)
+            self.link = state.take(self.comm, self.addr, deadline)
         except Exception as exc:
             self.error = _failure(self.comm, self.name, self.addr, exc, "waiting for")
 
@@ -653,30 +622,23 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
         t.start()
     seg = None
     errors = []
-    # every receiver on this host asked for shared memory: their tensors become one segment, written here once
-    # per broadcast (a tensor payload only; with any other receiver there, all of them copy out as usual)
-    readers = frozenset(c.name for c in shm_children)
-    bind = bool(shm_children) and meta["form"] == "tensors" and all(c.binds for c in shm_children)
     try:
         if shm_children:
             from .shm import DATA_OFFSET, parallel_copy
 
-            seg = state.bound_segment(readers, max(total, 1)) if bind else state.acquire_segment(max(total, 1))
+            seg = state.acquire_segment(max(total, 1))
             for b, off in zip(buffers, offsets):
                 if b.nbytes:
                     parallel_copy(seg.view[DATA_OFFSET + off : DATA_OFFSET + off + b.nbytes], np.frombuffer(b, np.uint8))
             shm_meta = _dumps({**meta, "segment": DATA_OFFSET + seg.capacity, "token": seg.token, "uid": seg.uid,
-                               "readers": len(shm_children), "bind": bind})
+                               "readers": len(shm_children)})
             for c in shm_children:
                 c.send_fds([shm_meta], [seg.fd], deadline)
         for c in shm_children:
             errors += c.acknowledgement(deadline)
-        if seg is not None:
-            if bind and not errors:
-                state.keep_bound(readers, seg)
-            else:  # never rewritten while a receiver may still read it or holds views of it
-                # reused only when every receiver said how it left it: one that failed may still map it
-                state.release_segment(seg, {c.name for c in shm_children if c.kept}, reusable=not errors and not bind)
+        if seg is not None:  # never rewritten while a receiver may still read it or holds views of it
+            # reused only when every receiver said how it left it: one that failed may still map it
+            state.release_segment(seg, {c.name for c in shm_children if c.kept}, reusable=not errors)
             seg = None
             comm._start_housekeeping()  # trims the pool once broadcasts stop
         for t in threads:
@@ -728,7 +690,7 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
     me = comm.name
     feeder = parent[me]
     try:
-        link = state.connect(comm, feeder, deadline, bind=out is not None and share_memory)
+        link = state.connect(comm, feeder, deadline)
     except Exception as exc:
         err = _failure(comm, feeder.get_name(), feeder, exc, "connecting to")
         raise (PeerDiedError if err["kind"] == "died" else CommTimeoutError if err["kind"] == "timeout"
@@ -757,7 +719,7 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
                         result, own_error = None, exc
             else:
                 result, own_error, kept = _receive_payload(link, meta, child, out, me, deadline, state,
-                                                           feeder.get_name())
+                                                           feeder.get_name(), share_memory)
                 if state.mapped:
                     comm._start_housekeeping()  # drops the kept mapping once this feeder goes quiet
         except Exception as exc:  # the feeder failed us: nothing to acknowledge to
@@ -783,10 +745,11 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
 
 
 def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, deadline: float, state: _State,
-                     feeder: str):
+                     feeder: str, share_memory: bool = False):
     """Fill the destination from shared memory or from the stream; ``(result, refusal, kept)``.
 
-    ``kept``: the result holds views of the source's segment (copy-on-write).
+    ``kept``: the result holds views of the source's segment (copy-on-write), or ``out``'s tensors were
+    moved onto it (``share_memory``).
     """
     import numpy as np  # imported here: a process that never broadcasts does not load it
     from .shm import DATA_OFFSET, map_private, parallel_copy
@@ -795,9 +758,12 @@ def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, de
     offsets, total = _layout(sizes)
     refusal = None
     targets = None
+    sharing = share_memory and "segment" in meta
     if out is not None:
         try:
             targets = _targets_for_out(out, meta, me)
+            if not sharing and _unshare(out):  # they were moved: the byte views must be of their new memory
+                targets = _targets_for_out(out, meta, me)
         except (TypeError, ValueError) as exc:
             refusal = exc
     if "segment" in meta:  # the source wrote it once into a segment we share
@@ -814,17 +780,21 @@ def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, de
                 buffers = [whole[off : off + n] for off, n in zip(offsets, sizes)]
                 return codec.decode(meta["header"], buffers), None, True
             mapping = state.shared_mapping(feeder, meta.get("uid"), fds[0], meta["segment"])
-            # out's tensors become (stay) views of the segment: no copy at all
-            if meta.get("bind") and _bind(out, meta, mapping, [DATA_OFFSET + off for off in offsets], me):
-                return out, None, False
             whole = np.frombuffer(mapping, dtype=np.uint8)[DATA_OFFSET:]
+            moved = False
+            if sharing:  # no copy: out's tensors move onto the segment; only the ones torch cannot move are copied
+                left, moved = _share(out, meta, mapping, [DATA_OFFSET + off for off in offsets], state, feeder, me)
+                targets = [[] for _ in sizes]
+                _unshare([t for _i, t in left])
+                for i, t in left:
+                    targets[i].append(np.frombuffer(codec.tensor_bytes(t), dtype=np.uint8))
             # several readers on one host share its cores already: each copies on its own thread then
             copy = parallel_copy if meta.get("readers", 1) == 1 else np.copyto
             for i, (off, n) in enumerate(zip(offsets, sizes)):
                 for dst in targets[i]:
                     if dst is not None:
                         copy(dst, whole[off : off + n])
-            return out, None, False
+            return out, None, moved
         finally:
             for fd in fds:
                 os.close(fd)
@@ -857,45 +827,89 @@ def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, de
     return codec.decode(meta["header"], buffers), None, False
 
 
-def _bind(out, meta: dict, mapping, offsets: list, me: str) -> bool:
-    """Point every tensor of ``out`` at its bytes in ``mapping`` (``Tensor.set_``), unless it already does.
+# -- receivers that share memory ------------------------------------------------------------------
+#: the segments (one marker per lending) that tensors of this process were moved onto: a copy into such a
+#: tensor would write memory other receivers read, so it is given private memory first (``_unshare``)
+_SHARED: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # id -> marker (ctypes: unhashable)
+_warned: set = set()
 
-    The tensor objects stay the same (a model's parameters keep their identity and ``requires_grad``); only
-    their storage changes, the first time.  ``out`` was checked against the source's description already.
-    False if torch refused one (an inference-mode tensor): the caller then copies into the rest, so every
-    tensor has the new values either way (the ones bound already read them in the segment)."""
+
+def _can_move(t, nbytes: int) -> bool:
+    """Whether ``t``'s storage can be moved whole onto ``nbytes`` of the segment: ``t`` is all of its storage.
+
+    Moving the storage, not re-pointing the tensor, is what reaches every alias of it: ``model.state_dict()``
+    returns detached aliases of the parameters, and the parameters must see the new weights."""
+    storage = t.untyped_storage()
+    return (t.numel() > 0 and t.storage_offset() == 0 and t.is_contiguous() and storage.nbytes() == nbytes
+            and hasattr(storage, "_swap_data_ptr_"))
+
+
+def _share(out, meta: dict, mapping, offsets: list, state: _State, feeder: str, me: str) -> tuple[list, bool]:
+    """Move the storage of each tensor of ``out`` onto its bytes in the segment ``mapping``.
+
+    Returns ``([(buffer index, tensor)] still to be copied, whether any moved)``.  Every alias of a moved
+    storage (a model's parameter behind its ``state_dict()`` entry) reads the new values; the old memory
+    is freed with its last user.  The segment stays lent to this process (the source never writes it)
+    until no storage here uses it: a marker object held by the moved storages reports it released."""
+    import ctypes
+
     torch = sys.modules["torch"]
-    base = torch.frombuffer(mapping, dtype=torch.uint8)  # holds the mapping for as long as a tensor uses it
-    storage = base.untyped_storage()
-    where = storage.data_ptr()
+    sizes = meta["sizes"]
     container = meta["container"]
-    with torch.no_grad():
-        for key, i, _dtype, shape in meta["entries"]:
-            t = out if container == "tensor" else out[key]
-            if t.numel() == 0:
-                continue
-            size = t.element_size()
-            first = offsets[i] // size  # offsets are 64-byte aligned
-            if t.untyped_storage().data_ptr() == where and t.storage_offset() == first and t.is_contiguous():
-                continue  # bound by an earlier broadcast: the source wrote the new values in place
-            try:
-                t.set_(storage, first, tuple(shape), _contiguous_strides(shape))
-            except RuntimeError as exc:
+    marker = None
+    left = []
+    moved = False
+    for key, i, _dtype, _shape in meta["entries"]:
+        t = out if container == "tensor" else out[key]
+        if t.numel() == 0:
+            continue
+        where = ctypes.addressof(mapping) + offsets[i]
+        if t.untyped_storage().data_ptr() == where and marker is not None:
+            continue  # the same storage under another key (tied weights): moved already
+        if not _can_move(t, sizes[i]):
+            name = "out=" if container == "tensor" else f"out[{key!r}]"
+            if (me, name) not in _warned:
+                _warned.add((me, name))
                 import logging
 
                 logging.getLogger("rlinf.broadcast").warning(
-                    "%s: broadcast(share_memory=True) cannot move %s onto shared memory (%s); copying into it "
-                    "instead", me, "out=" if container == "tensor" else f"out[{key!r}]", exc)
-                return False
-    return True
+                    "%s: broadcast(share_memory=True) copies into %s: it is a view of a larger storage (or this "
+                    "torch cannot move storages), so its memory cannot be shared", me, name)
+            left.append((i, t))
+            continue
+        if marker is None:
+            marker = (ctypes.c_char * ctypes.sizeof(mapping)).from_address(ctypes.addressof(mapping))
+            marker.mapping = mapping  # the storages hold the marker, the marker holds the mapping
+            marker.lo, marker.hi = ctypes.addressof(mapping), ctypes.addressof(mapping) + ctypes.sizeof(mapping)
+            state.lend(feeder, meta.get("token"), marker)
+            _SHARED[id(marker)] = marker
+        region = torch.frombuffer(marker, dtype=torch.uint8, count=sizes[i], offset=offsets[i])
+        t.untyped_storage()._swap_data_ptr_(region.untyped_storage())  # its old memory goes with ``region``
+        moved = True
+    return left, moved
 
 
-def _contiguous_strides(shape) -> tuple:
-    strides, step = [], 1
-    for n in reversed(tuple(shape)):
-        strides.append(step)
-        step *= max(int(n), 1)
-    return tuple(reversed(strides))
+def _unshare(out) -> bool:
+    """Give the tensors of ``out`` that live on a shared segment private memory (same values); True if any.
+
+    Called before anything is copied into ``out``: other receivers read that segment."""
+    if not _SHARED:
+        return False
+    ranges = [(m.lo, m.hi) for m in list(_SHARED.values())]
+    torch = sys.modules["torch"]
+    values = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else [out]
+    moved = False
+    for t in values:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        storage = t.untyped_storage()
+        where = storage.data_ptr()
+        if any(lo <= where < hi for lo, hi in ranges):
+            private = torch.empty(storage.nbytes(), dtype=torch.uint8).untyped_storage()
+            private.copy_(storage)
+            storage._swap_data_ptr_(private)
+            moved = True
+    return moved
 
 
 # -- the entry point ----------------------------------------------------------------------------

@@ -197,8 +197,8 @@ class Worker:
         """Every listed worker calls this; the source's object is returned everywhere.
 
         ``out`` (on receivers): a tensor or a dict/list/tuple of tensors to fill in place (and return).
-        ``share_memory`` (receivers with ``out``): the receivers on the source's host share one copy of
-        ``out``'s tensors, which the source writes once per broadcast (see ``rlinf.scheduler.p2p.api.broadcast``).
+        ``share_memory`` (receivers with ``out``): on the source's host, the memory behind ``out``'s tensors
+        moves onto the copy the source wrote instead of being copied into (see ``rlinf.scheduler.p2p.api.broadcast``).
         """
         return _p2p().broadcast(object, groups=groups, src=src, async_op=async_op, options=options, timeout=timeout,
                                 out=out, share_memory=share_memory)
