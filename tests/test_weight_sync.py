@@ -328,13 +328,16 @@ def test_a_receiver_that_gave_up_keeps_its_weights_while_the_source_writes_the_n
 
 def _two_models(w):
     """The same receivers share two state dicts of one layout (a policy and a reference model), broadcast in
-    turn: neither is ever written by the other's broadcast."""
+    turn: neither is ever written by the other's broadcast.  Small enough to be eager: the source returns
+    before the receivers have it, and its next broadcast must still not write what they are on."""
     _use_path("shm")
+    os.environ.pop("RLINF_BROADCAST_EAGER_KB")  # the default: these payloads are served eagerly
     groups = [("wsync", [0, 1, 2])]
     if w._rank == 0:
         for step in (1.0, 2.0, 3.0):
             w.broadcast(_state(step), groups=groups, timeout=60)
             w.broadcast(_state(10 * step), groups=groups, timeout=60)
+        w.broadcast({"done": torch.ones(1 << 20)}, groups=groups, timeout=60)  # not eager: all have had all
         return None
     policy, policy_out = _model_like(_state(0.0))
     ref, ref_out = _model_like(_state(0.0))
@@ -344,6 +347,7 @@ def _two_models(w):
         w.broadcast(groups=groups, out=ref_out, timeout=60, share_memory=True)
         ok.append(all(torch.equal(policy[k].detach(), v) for k, v in _state(step).items())
                   and all(torch.equal(ref[k].detach(), v) for k, v in _state(10 * step).items()))
+    w.broadcast(groups=groups, timeout=60)
     return ok
 
 
@@ -558,3 +562,90 @@ def test_sharing_moves_whole_storages_and_leaves_views_of_larger_ones_to_be_copi
     finally:
         state.close()
         seg.close()
+
+
+def test_memory_a_moved_tensor_left_stays_valid_until_the_next_broadcast():
+    """Another thread reads the parameters while broadcasts move them (an inference loop beside an
+    ``async_op`` sync): the private memory they left is freed only at the next broadcast, so a kernel
+    already running on it finishes instead of reading freed (unmapped) memory.  And two tensors of the
+    receiver for one buffer the source tied stay two: the second is left to be copied into."""
+    import threading
+
+    import numpy as np
+
+    from rlinf.scheduler.p2p import broadcast as bc
+    from rlinf.scheduler.p2p.shm import DATA_OFFSET, create_segment
+
+    n = 4 << 20  # 16 MiB of float32: glibc maps it on its own, and unmaps it when freed
+    emb = torch.ones(8)
+    sent = {"w": torch.full((n,), 2.0), "emb": emb, "head": emb}
+    payload = bc.encode(sent)
+    offsets, total = bc._layout(payload.meta["sizes"])
+    state = bc._State()
+    segs = [create_segment(k, total) for k in (1, 2)]
+    param = torch.nn.Parameter(torch.zeros(n))
+    out = {"w": param.detach(), "emb": torch.zeros(8), "head": torch.zeros(8)}
+    stop = threading.Event()
+    sums = []
+
+    def infer():
+        while not stop.is_set():
+            sums.append(float(param.detach().sum()))
+
+    reader = threading.Thread(target=infer, daemon=True)
+    try:
+        for seg in segs:
+            whole = np.frombuffer(seg.view, dtype=np.uint8)
+            for b, off in zip(payload.buffers, offsets):
+                whole[DATA_OFFSET + off : DATA_OFFSET + off + b.nbytes] = np.frombuffer(b, dtype=np.uint8)
+        reader.start()
+        time.sleep(0.05)
+        old = param.untyped_storage().data_ptr()
+        for k, seg in enumerate(segs):
+            mapping = state.shared_mapping("g:0", f"uid{k}", seg.fd, DATA_OFFSET + seg.capacity)
+            left, moved = bc._share(out, {**payload.meta, "token": f"t{k}"}, mapping,
+                                    [DATA_OFFSET + off for off in offsets], state, "g:0", "g:1")
+            assert moved and [t is out["head"] for _i, t in left] == [True]
+            assert out["head"].data_ptr() != out["emb"].data_ptr()
+            retired = [r.untyped_storage().data_ptr() for r in state.retired.get("g:0", [])]
+            assert (old in retired) if k == 0 else not retired, (k, retired, old)  # freed at the second one
+            time.sleep(0.1)
+        stop.set()
+        reader.join(10)
+        assert not reader.is_alive() and sums and set(sums) <= {0.0, 2.0 * n}, sorted(set(sums))[:5]
+        assert torch.equal(param.detach(), sent["w"])
+    finally:
+        stop.set()
+        reader.join(10)
+        state.close()
+        for seg in segs:
+            seg.close()
+
+
+_EXIT_PROGRAM = """
+import atexit
+held = {}
+atexit.register(lambda: print("at exit", float(held["p"].sum()), flush=True))  # registered before torch
+import numpy as np, torch
+from rlinf.scheduler.p2p import broadcast as bc
+from rlinf.scheduler.p2p.shm import DATA_OFFSET, create_segment
+n = 1 << 22
+payload = bc.encode({"w": torch.full((n,), 3.0)})
+offsets, total = bc._layout(payload.meta["sizes"])
+seg = create_segment(1, total)
+np.frombuffer(seg.view, dtype=np.uint8)[DATA_OFFSET : DATA_OFFSET + 4 * n] = np.frombuffer(payload.buffers[0], np.uint8)
+state = bc._State()
+held["p"] = torch.zeros(n)
+mapping = state.shared_mapping("g:0", "uid", seg.fd, DATA_OFFSET + seg.capacity)
+bc._share({"w": held["p"]}, {**payload.meta, "token": "t"}, mapping, [DATA_OFFSET + offsets[0]], state, "g:0", "me")
+"""
+
+
+def test_parameters_on_shared_memory_are_readable_at_interpreter_exit(tmp_path):
+    """An exit hook (a checkpoint on exit) may read the weights after the mapping's finalizers ran."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _EXIT_PROGRAM], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0 and f"at exit {3.0 * (1 << 22)}" in done.stdout, (done.returncode, done.stderr[-2000:])

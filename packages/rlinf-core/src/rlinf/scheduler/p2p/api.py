@@ -149,10 +149,14 @@ def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tupl
     values, and the receivers on that host hold one copy between them.
     The source never writes memory a receiver's tensors are on (the next
     broadcast moves them onto another segment).  Receivers holding the
-    same broadcast share its memory: a write to those tensors is seen by
-    the others, until a broadcast moves them (one filled by copying first
-    gives them private memory again).  A tensor that is a view of a larger
-    storage is copied into; so is ``out`` on another host or transport.
+    same broadcast share its memory: an in-place write to those tensors
+    (``load_state_dict``, merging an adapter into them) is seen by the
+    others, until a broadcast moves them (one filled by copying first gives
+    them private memory again).  As with ``share_memory_()``, pointers
+    taken before (``t.numpy()``, ``data_ptr()``) keep pointing at the old
+    memory, which stays valid until the next broadcast.  A tensor that is a
+    view of a larger storage is copied into; so is ``out`` on another host
+    or transport.
     See ``broadcast.py`` for how the payload travels.
     """
     members = broadcast_members(groups)

@@ -93,7 +93,7 @@ PROBE_INTERVAL = 1.0
 _MAX_FREE = 1
 _MAX_LENT = 3
 #: mappings a receiver keeps per feeder: receivers sharing memory alternate between two segments
-_MAX_MAPPED = 2
+_MAX_MAPPED = 3
 #: release reports a receiver keeps per source until its next connection there (the source lends at most 3)
 _MAX_REPORTS = 16
 
@@ -144,6 +144,9 @@ class _State:
         # feeder -> {(uid, dev, inode, size): shared mapping}, most recently used last; and when last used
         self.mapped: dict[str, "collections.OrderedDict"] = {}
         self.mapped_used: dict[str, float] = {}
+        # feeder -> the private memory that tensors left for its segments in the last broadcast, freed at the
+        # next one: a kernel another thread started on the old memory may still be reading it
+        self.retired: dict[str, list] = {}
         self.released: dict[str, list] = {}  # feeder -> lending tokens of its segments whose views we dropped
         # filled by garbage-collector finalizers, which may run on a thread holding segment_lock: so no lock,
         # only an append (atomic); drained by connect
@@ -333,6 +336,7 @@ class _State:
             for feeder in stale:
                 del self.mapped[feeder]
                 self.mapped_used.pop(feeder, None)
+                self.retired.pop(feeder, None)
             if now - self.last_served >= idle:
                 closing = self.free + [seg for seg, _h in self.lent.values()]
                 self.free = []
@@ -350,7 +354,7 @@ class _State:
         with self.segment_lock:
             self.closed = True
             segs = self.free + [seg for seg, _h in self.lent.values()]
-            self.free, self.mapped, self.mapped_used = [], {}, {}
+            self.free, self.mapped, self.mapped_used, self.retired = [], {}, {}, {}
             self.lent.clear()
         for seg in segs:
             seg.close()
@@ -859,13 +863,18 @@ def _share(out, meta: dict, mapping, offsets: list, state: _State, feeder: str, 
     marker = None
     left = []
     moved = False
+    placed: set = set()  # buffers a storage was moved onto
+    retired = []
+    shared = [(m.lo, m.hi) for m in list(_SHARED.values())]
     for key, i, _dtype, _shape in meta["entries"]:
         t = out if container == "tensor" else out[key]
         if t.numel() == 0:
             continue
         where = ctypes.addressof(mapping) + offsets[i]
-        if t.untyped_storage().data_ptr() == where and marker is not None:
-            continue  # the same storage under another key (tied weights): moved already
+        if i in placed:
+            if t.untyped_storage().data_ptr() != where:  # the source's tied buffer, two tensors here: kept apart
+                left.append((i, t))
+            continue  # else the same storage under another key (tied weights): moved already
         if not _can_move(t, sizes[i]):
             name = "out=" if container == "tensor" else f"out[{key!r}]"
             if (me, name) not in _warned:
@@ -884,8 +893,17 @@ def _share(out, meta: dict, mapping, offsets: list, state: _State, feeder: str, 
             state.lend(feeder, meta.get("token"), marker)
             _SHARED[id(marker)] = marker
         region = torch.frombuffer(marker, dtype=torch.uint8, count=sizes[i], offset=offsets[i])
+        old = t.untyped_storage().data_ptr()
         t.untyped_storage()._swap_data_ptr_(region.untyped_storage())  # its old memory goes with ``region``
+        if not any(lo <= old < hi for lo, hi in shared):
+            retired.append(region)  # private memory, freed at the next broadcast (a segment stays mapped)
+        placed.add(i)
         moved = True
+    with state.segment_lock:
+        previous = state.retired.pop(feeder, None)
+        if retired:
+            state.retired[feeder] = retired
+    del previous  # outside the lock: freeing it may run finalizers
     return left, moved
 
 

@@ -98,7 +98,8 @@ def map_shared(fd: int, size: int):
         err = ctypes.get_errno()
         raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
     buf = (ctypes.c_char * size).from_address(addr)
-    weakref.finalize(buf, _libc.munmap, addr, size)
+    # not at exit: tensors may still be on it then (the kernel unmaps everything with the process)
+    weakref.finalize(buf, _libc.munmap, addr, size).atexit = False
     return buf
 
 
@@ -114,7 +115,8 @@ def map_private(fd: int, size: int):
         err = ctypes.get_errno()
         raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
     buf = (ctypes.c_char * size).from_address(addr)
-    weakref.finalize(buf, _libc.munmap, addr, size)
+    # not at exit: tensors may still be on it then (the kernel unmaps everything with the process)
+    weakref.finalize(buf, _libc.munmap, addr, size).atexit = False
     return buf
 
 
