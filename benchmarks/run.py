@@ -13,7 +13,7 @@ import os
 import sys
 
 BENCHMARKS = {"group": "group", "p2p": "p2p", "channel": "channel", "mpi": "mpi", "gloo": "gloo",
-              "weights": "weights", "trace": "trace_overhead", "scale": "scale"}
+              "weights": "weights", "weights-hosts": "weights_hosts", "trace": "trace_overhead", "scale": "scale"}
 
 
 def exit_status(missed: list, check: bool) -> int:

@@ -649,3 +649,16 @@ def test_parameters_on_shared_memory_are_readable_at_interpreter_exit(tmp_path):
     done = subprocess.run([sys.executable, "-c", _EXIT_PROGRAM], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)
     assert done.returncode == 0 and f"at exit {3.0 * (1 << 22)}" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+def test_chain_chunks_are_sized_so_the_pipeline_fill_is_an_eighth_of_a_transfer(monkeypatch):
+    from rlinf.scheduler.p2p.broadcast import CHUNK_ENV, _chunk_for
+
+    monkeypatch.delenv(CHUNK_ENV, raising=False)
+    mib = 1 << 20
+    assert _chunk_for(64 * mib, 8) == mib  # 8 chunks of fill: an eighth of 64 MiB
+    assert _chunk_for(512 * mib, 8) == 4 * mib  # at most 4 MiB
+    assert _chunk_for(4 * mib, 8) == 256 << 10  # at least 256 KiB
+    assert _chunk_for(64 * mib, 1) == 4 * mib  # no chain to fill
+    monkeypatch.setenv(CHUNK_ENV, "2")
+    assert _chunk_for(64 * mib, 8) == 2 * mib  # set by the user: as given
