@@ -115,7 +115,7 @@ def main(argv=None):
                 ["N", "rlinf", "torch gloo", "one transfer", "gloo/rlinf", "rlinf/one transfer"], rows)
     from weights import save_line_plot
 
-    save_line_plot("weights_hosts", f"Broadcast of {args.size_mb} MiB to N hosts, {args.link_mbit} Mbit/s links",
+    save_line_plot("weights-hosts", f"Broadcast of {args.size_mb} MiB to N hosts, {args.link_mbit} Mbit/s links",
                    ns, {"rlinf (chain)": [results[n]["rlinf"] for n in ns],
                         "torch gloo": [results[n]["gloo"] for n in ns],
                         "one transfer (size / link rate)": [one for _ in ns]}, "seconds (lower is better)")

@@ -50,7 +50,7 @@ def test_benchmark_smoke_run(name, tmp_path):
     assert TABLE_TITLES[name] in out, out[-5000:]
     lines = [line for line in out.splitlines() if line.startswith("TARGET ")]
     assert len(lines) == TARGETS[name], out[-3000:]
-    assert os.path.exists(tmp_path / f"{name.replace('-', '_')}.png"), "the plot was not written"
+    assert os.path.exists(tmp_path / f"{name}.png"), "the plot was not written"
 
 
 def test_check_exits_non_zero_only_when_a_target_is_missed():
