@@ -49,16 +49,20 @@ def _driver(hosts_ips: list, ns: list, size_mb: int, tensors: int, rounds: int) 
             os.environ["GLOO_SOCKET_IFNAME"] = "eth0"  # every simulated host's one interface
             return super().init_gloo(ns)
 
+    start = time.monotonic()
     cluster = Cluster(num_nodes=len(hosts_ips), node_wait_timeout=120)
     by_ip = {n.ip: rank for rank, n in enumerate(cluster.nodes)}
     nodes = [by_ip[ip] for ip in hosts_ips]
     group = HostWeightWorker.create_group(size_mb, tensors).launch(
         cluster, NodePlacementStrategy(nodes), name="bench_weights")
+    print(f"group of {len(nodes)} launched after {time.monotonic() - start:.1f} s", flush=True)
     group.init_gloo(ns).wait()
+    print(f"gloo ready after {time.monotonic() - start:.1f} s", flush=True)
     for n in ns:
         rlinf = group.rlinf_sync(n, rounds, False).wait()[0]
         gloo = group.gloo_sync(n, rounds).wait()[0]
         print("RESULT " + json.dumps({"n": n, "rlinf": rlinf, "gloo": gloo}), flush=True)
+        print(f"N={n} done after {time.monotonic() - start:.1f} s", flush=True)
     group.stop()
 
 
@@ -95,12 +99,16 @@ def main(argv=None):
     with NetnsHosts(top + 1) as hosts:
         hosts.create()
         _shape(hosts, args.link_mbit)
+        started = time.monotonic()
         hosts.start_ray(num_cpus=1, timeout=400)
+        print(f"{top + 1} hosts with a Ray node each after {time.monotonic() - started:.1f} s", flush=True)
         code = (f"import sys; sys.path[:0] = [{HERE!r}]; import weights_hosts; "
                 f"weights_hosts._driver({hosts.ips!r}, {ns!r}, {args.size_mb}, {args.tensors}, {args.rounds})")
         done = hosts.run(0, [sys.executable, "-c", code], timeout=900,
                          extra_env={"RLINF_TIMEOUT": "600", "PYTHONPATH": HERE})
         for line in done.stdout.splitlines():
+            if line.startswith(("group ", "gloo ", "N=")):
+                print(line, flush=True)
             if line.startswith("RESULT "):
                 r = json.loads(line[len("RESULT "):])
                 results[r["n"]] = r

@@ -130,10 +130,11 @@ class NetnsHosts:
         self._num_cpus = num_cpus
         self._start_node(0, num_cpus)
         self._wait_started([0], deadline)
-        others = list(range(1, len(self.names)))
-        for i in others:
+        # one node at a time: raylets registering at once on a small machine miss Ray's 30 s registration
+        # deadline (seen with two at once on 2 cores), and each miss costs a restart
+        for i in range(1, len(self.names)):
             self._start_node(i, num_cpus)
-        self._wait_started(others, deadline)
+            self._wait_started([i], deadline)
 
     def _start_node(self, i: int, num_cpus: int) -> None:
         args = [f"--node-ip-address={self.ips[i]}", f"--num-cpus={num_cpus}", "--num-gpus=0"]
