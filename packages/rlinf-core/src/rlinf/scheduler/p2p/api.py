@@ -136,6 +136,8 @@ def broadcast(obj: Any = None, groups: Optional[list] = None, src: Optional[tupl
     """The source sends its object to every other listed worker; everyone returns it.
 
     ``src`` defaults to the first worker of the expanded ``groups`` list.
+    ``timeout=None`` is the configured default (``config.resolve_timeout``),
+    never an unbounded wait.
     ``out`` (receivers; ignored on the source): a tensor, or a dict, list or
     tuple of tensors, filled in place with what the source broadcast and
     returned; shapes and dtypes are checked against the source's before any

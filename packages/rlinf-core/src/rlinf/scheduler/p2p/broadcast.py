@@ -109,7 +109,7 @@ def _chunk_for(total: int, hops: int) -> int:
     """The chain's chunk size: ``RLINF_BROADCAST_CHUNK_MB`` when set; else at most 4 MiB, and small enough
     that filling the pipeline (one chunk per hop) adds at most an eighth of a transfer (not below 256 KiB,
     where a chunk's own cost starts to show on fast links).  64 MiB down 8 hops on 1 Gbit/s links: 1 MiB
-    chunks, 0.62 s where 4 MiB ones took 0.82 s and one transfer takes 0.54 s."""
+    chunks, 0.61 s where 4 MiB ones took 0.82 s and one transfer takes 0.54 s."""
     if os.environ.get(CHUNK_ENV):
         return _chunk_bytes()
     most = 4 << 20
@@ -157,9 +157,8 @@ class _State:
         self.early: "collections.OrderedDict[str, set]" = collections.OrderedDict()  # released before we recorded the lending
         self.last_served = time.monotonic()
         # receiver side
-        # feeder -> {(uid, dev, inode, size): shared mapping}, most recently used last; and when last used
-        self.mapped: dict[str, "collections.OrderedDict"] = {}
-        self.mapped_used: dict[str, float] = {}
+        # feeder -> [{(uid, dev, inode, size): shared mapping}, most recently used last; when last used]
+        self.mapped: dict[str, list] = {}
         # feeder -> the private memory that tensors left for its segments in the last broadcast, freed at the
         # next one: a kernel another thread started on the old memory may still be reading it
         self.retired: dict[str, list] = {}
@@ -319,24 +318,23 @@ class _State:
         st = os.fstat(fd)
         key = (uid, st.st_dev, st.st_ino, size)
         with self.segment_lock:
-            kept = self.mapped.get(feeder)
-            if kept is not None and key in kept:
-                kept.move_to_end(key)
-                self.mapped_used[feeder] = time.monotonic()
-                return kept[key]
+            entry = self.mapped.get(feeder)
+            if entry is not None and key in entry[0]:
+                entry[0].move_to_end(key)
+                entry[1] = time.monotonic()
+                return entry[0][key]
         buf = map_shared(fd, size)
         with self.segment_lock:
-            kept = self.mapped.setdefault(feeder, collections.OrderedDict())
-            kept[key] = buf
-            while len(kept) > _MAX_MAPPED:  # unmapped once nothing views it
-                kept.popitem(last=False)
-            self.mapped_used[feeder] = time.monotonic()
+            entry = self.mapped.setdefault(feeder, [collections.OrderedDict(), 0.0])
+            entry[0][key] = buf
+            while len(entry[0]) > _MAX_MAPPED:  # unmapped once nothing views it
+                entry[0].popitem(last=False)
+            entry[1] = time.monotonic()
         return buf
 
     def forget_mapping(self, feeder: str) -> None:
         with self.segment_lock:
             self.mapped.pop(feeder, None)
-            self.mapped_used.pop(feeder, None)
 
     def drop_idle(self, idle: float) -> int:
         """Let go of segments no broadcast used for ``idle`` seconds; returns how many.
@@ -348,10 +346,9 @@ class _State:
         now = time.monotonic()
         closing = []
         with self.segment_lock:
-            stale = [f for f in self.mapped if now - self.mapped_used.get(f, 0.0) >= idle]
+            stale = [f for f, entry in self.mapped.items() if now - entry[1] >= idle]
             for feeder in stale:
                 del self.mapped[feeder]
-                self.mapped_used.pop(feeder, None)
                 self.retired.pop(feeder, None)
             if now - self.last_served >= idle:
                 closing = self.free + [seg for seg, _h in self.lent.values()]
@@ -370,7 +367,7 @@ class _State:
         with self.segment_lock:
             self.closed = True
             segs = self.free + [seg for seg, _h in self.lent.values()]
-            self.free, self.mapped, self.mapped_used, self.retired = [], {}, {}, {}
+            self.free, self.mapped, self.retired = [], {}, {}
             self.lent.clear()
         for seg in segs:
             seg.close()
@@ -447,8 +444,16 @@ def _dumps(meta: dict) -> bytes:
         return cloudpickle.dumps(meta, protocol=5)
 
 
-def _targets_for_out(out, meta: dict, me: str) -> list:
-    """For each buffer, the byte views of the ``out`` tensors it fills; raises before anything is written."""
+def _out_name(container: str, key) -> str:
+    """How messages name one tensor of ``out``."""
+    return "out=" if container == "tensor" else f"out[{key!r}]"
+
+
+def _targets_for_out(out, meta: dict, me: str, private: bool = True) -> list:
+    """For each buffer, the byte views of the ``out`` tensors it fills; raises before anything is written.
+
+    ``private``: tensors on a shared segment get private memory first (``_unshare``), once all are checked:
+    a copy into them must not reach the other receivers."""
     import numpy as np  # imported here: a process that never broadcasts does not load it
     torch = sys.modules.get("torch")
     entries = meta.get("entries")
@@ -474,7 +479,7 @@ def _targets_for_out(out, meta: dict, me: str) -> list:
     targets: list = [[] for _ in meta["sizes"]]
     for key, i, dtype, shape in entries:
         t = out if container == "tensor" else out[key]
-        name = "out=" if container == "tensor" else f"out[{key!r}]"
+        name = _out_name(container, key)
         if torch is None or not isinstance(t, torch.Tensor):
             raise TypeError(f"{me}: broadcast: {name} is a {type(t).__name__}, not a tensor")
         if codec._dtype_name(t.dtype) != dtype or tuple(t.shape) != tuple(shape):
@@ -483,6 +488,8 @@ def _targets_for_out(out, meta: dict, me: str) -> list:
         if t.device.type != "cpu" or not t.is_contiguous():
             raise ValueError(f"{me}: broadcast: {name} must be a contiguous CPU tensor")
         targets[i].append(np.frombuffer(codec.tensor_bytes(t), dtype=np.uint8) if t.numel() else None)
+    if private and _unshare(out):  # moved: the byte views must be of their new memory
+        return _targets_for_out(out, meta, me, private=False)
     return targets
 
 
@@ -492,8 +499,6 @@ def copy_into(obj: Any, out: Any, me: str) -> Any:
     meta = encode(obj).meta if _tensor_items(obj) is not None else {"entries": None, "what": _describe(obj),
                                                                        "sizes": []}
     targets = _targets_for_out(out, meta, me)
-    if _unshare(out):  # moved off a shared segment: the byte views must be of their new memory
-        targets = _targets_for_out(out, meta, me)
     for (key, i, _d, _s) in meta["entries"]:
         src = obj if meta["container"] == "tensor" else obj[key]
         if src.numel():
@@ -782,9 +787,7 @@ def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, de
     sharing = share_memory and "segment" in meta
     if out is not None:
         try:
-            targets = _targets_for_out(out, meta, me)
-            if not sharing and _unshare(out):  # they were moved: the byte views must be of their new memory
-                targets = _targets_for_out(out, meta, me)
+            targets = _targets_for_out(out, meta, me, private=not sharing)
         except (TypeError, ValueError) as exc:
             refusal = exc
     if "segment" in meta:  # the source wrote it once into a segment we share
@@ -855,6 +858,11 @@ _SHARED: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # id -> 
 _warned: set = set()
 
 
+def _shared_ranges() -> list:
+    """``(start, end)`` addresses of the segments tensors of this process were moved onto."""
+    return [(m.lo, m.hi) for m in list(_SHARED.values())]
+
+
 def _can_move(t, nbytes: int) -> bool:
     """Whether ``t``'s storage can be moved whole onto ``nbytes`` of the segment: ``t`` is all of its storage.
 
@@ -882,7 +890,7 @@ def _share(out, meta: dict, mapping, offsets: list, state: _State, feeder: str, 
     moved = False
     placed: set = set()  # buffers a storage was moved onto
     retired = []
-    shared = [(m.lo, m.hi) for m in list(_SHARED.values())]
+    shared = _shared_ranges()
     for key, i, _dtype, _shape in meta["entries"]:
         t = out if container == "tensor" else out[key]
         if t.numel() == 0:
@@ -893,7 +901,7 @@ def _share(out, meta: dict, mapping, offsets: list, state: _State, feeder: str, 
                 left.append((i, t))
             continue  # else the same storage under another key (tied weights): moved already
         if not _can_move(t, sizes[i]):
-            name = "out=" if container == "tensor" else f"out[{key!r}]"
+            name = _out_name(container, key)
             if (me, name) not in _warned:
                 _warned.add((me, name))
                 import logging
@@ -930,7 +938,7 @@ def _unshare(out) -> bool:
     Called before anything is copied into ``out``: other receivers read that segment."""
     if not _SHARED:
         return False
-    ranges = [(m.lo, m.hi) for m in list(_SHARED.values())]
+    ranges = _shared_ranges()
     torch = sys.modules["torch"]
     values = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else [out]
     moved = False
