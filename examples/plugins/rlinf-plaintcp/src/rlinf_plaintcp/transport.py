@@ -1,8 +1,13 @@
 """Plain TCP: length-prefixed frames, and a reader thread per connection.
 
 The reader thread drains the socket into a queue, so two processes that
-send large messages to each other at the same time never block each other,
-and a deadline only ever applies to waiting for a whole message.
+send large messages to each other at the same time never block each other.
+It reads ahead at most ``READ_AHEAD`` bytes: a peer that stops receiving
+pushes back on its sender instead of growing without bound.  Every wait ends
+by its deadline: a send waiting for another thread's send (``LinkBusy``),
+a send the peer does not take (``TimeoutError``; a message cut off midway
+ends the link, since the peer could not tell where the next one starts), and
+a receive.
 
 Every connection is authenticated before anything else happens on it: the
 listener hands each accepted socket to ``rlinf.scheduler.security``'s
@@ -18,6 +23,7 @@ reach the port send pickles to your workers.
 from __future__ import annotations
 
 import collections
+import select
 import socket
 import struct
 import threading
@@ -25,8 +31,10 @@ import time
 from typing import Optional
 
 from rlinf.scheduler import security
-from rlinf.scheduler.p2p.transport import Link, Transport
+from rlinf.scheduler.p2p.transport import Link, LinkBusy, Transport
 
+#: bytes of whole messages the reader thread takes from the socket before anyone asked for them
+READ_AHEAD = 64 << 20
 _HEAD = struct.Struct("<BI")  # raw flag, number of frames
 _LEN = struct.Struct("<Q")
 
@@ -50,7 +58,10 @@ class TcpLink(Link):
         self._sock = sock
         self._send_lock = threading.Lock()
         self._owed = b""  # what the peer must read before anything we send (the listener's acknowledgement)
+        self._broken: Optional[str] = None  # why no message can be sent any more
         self._inbox: collections.deque = collections.deque()
+        self._inbox_bytes = 0
+        self._closed = False
         self._error: Optional[BaseException] = None
         self._cond = threading.Condition()
         threading.Thread(target=self._reader, name="plaintcp-reader", daemon=True).start()
@@ -62,8 +73,11 @@ class TcpLink(Link):
                 sizes = [_LEN.unpack(_recv_exact(self._sock, _LEN.size))[0] for _ in range(count)]
                 frames = [_recv_exact(self._sock, n) if n else bytearray() for n in sizes]
                 with self._cond:
-                    self._inbox.append((bool(raw), frames))
+                    self._inbox.append((bool(raw), frames, sum(sizes)))
+                    self._inbox_bytes += sum(sizes)
                     self._cond.notify_all()
+                    while self._inbox_bytes >= READ_AHEAD and not self._closed:
+                        self._cond.wait(1.0)  # until a receive takes some (it notifies), or the link closes
         except BaseException as exc:
             with self._cond:
                 self._error = exc if isinstance(exc, ConnectionError) else ConnectionError(str(exc))
@@ -72,18 +86,46 @@ class TcpLink(Link):
     def send(self, frames, deadline, raw=False):
         views = [memoryview(f).cast("B") for f in frames]
         head = _HEAD.pack(1 if raw else 0, len(views)) + b"".join(_LEN.pack(v.nbytes) for v in views)
-        with self._send_lock:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise TimeoutError("deadline passed before sending")
-            try:
-                self._pay_owed()
-                self._sock.sendall(head)
-                for v in views:
-                    if v.nbytes:
-                        self._sock.sendall(v)
-            except OSError as exc:
+        # wait for another thread's send at most until our own deadline
+        if not self._send_lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise LinkBusy("another send on this link held it until the deadline")
+        sent = [0]
+        try:
+            if self._broken is not None:
+                raise ConnectionError(f"the link is broken: {self._broken}")
+            self._pay_owed()
+            self._send_all([memoryview(head), *(v for v in views if v.nbytes)], deadline, sent)
+        except BaseException as exc:
+            if sent[0]:  # cut off midway: the peer cannot find where a next message would start
+                self._broken = f"a send failed midway ({type(exc).__name__})"
+                try:
+                    self._sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+            if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, TimeoutError)):
                 raise ConnectionError(f"sending failed: {exc}") from exc
+            raise
+        finally:
+            self._send_lock.release()
+
+    def _send_all(self, views, deadline, sent) -> None:
+        """Send ``views`` whole, never blocking past ``deadline`` (``sent[0]`` counts the bytes that left)."""
+        poller = None
+        for view in views:
+            while view.nbytes:
+                try:
+                    n = self._sock.send(view, socket.MSG_DONTWAIT)
+                except BlockingIOError:  # the socket buffer is full: wait until the peer takes some
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError("the peer did not take the message before the deadline") from None
+                    if poller is None:
+                        poller = select.poll()
+                        poller.register(self._sock, select.POLLOUT)
+                    poller.poll(None if left is None else max(1, int(left * 1000)))
+                    continue
+                sent[0] += n
+                view = view[n:]
 
     def owe(self, data: bytes) -> None:
         self._owed = data
@@ -97,7 +139,7 @@ class TcpLink(Link):
                 pass  # the peer left: its connect fails
 
     def _pay_owed(self) -> None:  # under _send_lock
-        if self._owed:
+        if self._owed:  # before any other byte, so never cut off midway
             self._sock.sendall(self._owed)  # one byte into an empty socket buffer: never blocks
             self._owed = b""
 
@@ -110,7 +152,10 @@ class TcpLink(Link):
                 if left is not None and left <= 0:
                     raise TimeoutError("no message before the deadline")
                 self._cond.wait(left)
-            return self._inbox.popleft()
+            raw, frames, size = self._inbox.popleft()
+            self._inbox_bytes -= size
+            self._cond.notify_all()  # the reader may be waiting for room
+            return raw, frames
 
     def is_open(self):
         return self._error is None or bool(self._inbox)
@@ -125,6 +170,9 @@ class TcpLink(Link):
         return raw
 
     def close(self):
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
         try:
             self._sock.close()
         except OSError:

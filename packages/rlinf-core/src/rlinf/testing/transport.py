@@ -5,7 +5,8 @@ listens with the transport under test and echoes messages back, then checks
 the ``Transport``/``Link`` contract from this process: authentication (a
 process with another cluster secret is refused), handshake, frames of
 every size, raw flags, order, ``recv_into`` with size checks, both
-directions, deadlines, and what happens when the peer dies.
+directions, deadlines (a peer that stops reading: bounded buffering, and every
+send ends by its own deadline), and what happens when the peer dies.
 """
 
 from __future__ import annotations
@@ -161,6 +162,44 @@ class TransportConformance:
         assert time.monotonic() - start < 5
         link.send([b"still works"], self.deadline())
         assert bytes(link.recv(self.deadline())[1][0]) == b"still works"
+
+    def test_sends_to_a_peer_that_reads_nothing_end_by_their_deadlines(self, transport, peer):
+        """A peer that stops reading makes a link push back (bounded buffering), and then every send
+        on it ends by its own deadline: the one that stalls, and one waiting behind it in another
+        thread (sent, or ``TimeoutError``; never a wait on the other's deadline)."""
+        import threading
+
+        link = self.connect(transport, peer)
+        link.send([b"hold"], self.deadline())  # the peer's echo loop stops reading this link
+        big = bytes(self.big_message)
+        limit = max(64, (1 << 30) // len(big))  # at most 1 GiB: a link must push back before that
+        done, outcome = [], []
+
+        def stalled():
+            try:
+                for _ in range(limit):
+                    link.send([b"m", big], time.monotonic() + 5)
+                    done.append(time.monotonic())
+                outcome.append("never pushed back")
+            except BaseException as exc:
+                outcome.append(exc)
+
+        first = threading.Thread(target=stalled, daemon=True)
+        started = time.monotonic()
+        first.start()
+        while first.is_alive() and time.monotonic() - (done[-1] if done else started) < 1.0:
+            assert time.monotonic() - started < 60, "the sends neither stalled nor finished in 60 s"
+            time.sleep(0.05)
+        assert first.is_alive(), f"{len(done)} sends of {len(big)} bytes to a peer that reads nothing: {outcome}"
+        begin = time.monotonic()
+        try:
+            link.send([b"second"], time.monotonic() + 0.5)
+        except TimeoutError:
+            pass
+        assert time.monotonic() - begin < 3, "a send waited past its own deadline behind another one"
+        first.join(15)
+        assert not first.is_alive(), "a stalled send did not end by its deadline"
+        assert isinstance(outcome[0], TimeoutError), outcome
 
     def test_peer_death_raises_connection_error(self, transport, peer):
         link = self.connect(transport, peer)

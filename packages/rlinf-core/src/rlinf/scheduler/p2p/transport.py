@@ -58,7 +58,7 @@ class LinkClosed(ConnectionError):
 
 
 class LinkBusy(TimeoutError):
-    """Another thread's send held the link until this send's deadline; nothing of this one was sent."""
+    """Another thread's send (or receive) held the link until this one's deadline; nothing of it was sent."""
 
 
 class Link(ABC):
@@ -75,7 +75,10 @@ class Link(ABC):
 
     @abstractmethod
     def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
-        """Receive one message: ``(raw, buffers)``."""
+        """Receive one message: ``(raw, buffers)``.
+
+        ``deadline`` bounds the whole receive, including a wait for another
+        thread's receive on the same link (``LinkBusy``)."""
 
     @abstractmethod
     def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
