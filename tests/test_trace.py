@@ -249,12 +249,13 @@ def test_p2p_events_are_whole_name_their_thread_and_count_what_gave_way(monkeypa
     def receive(self, peer, transport, deadline, read):
         return False, [bytearray(5), memoryview(bytes(28)).cast("i")]
 
-    send, recv = wrappers.make("p2p_send", send_frames), wrappers.make("p2p_recv", receive)
     peer = WorkerAddress("g", 1)
     monkeypatch.setenv(recorder.MAX_EVENTS_ENV, "3")
     assert not recorder.is_on()
     recorder.enable()
     try:
+        # made as enable() makes them: the p2p wrappers hold the buffer of the moment
+        send, recv = wrappers.make("p2p_send", send_frames), wrappers.make("p2p_recv", receive)
         recorder.record("X", "first", "timer", 1, 2)
         send(None, peer, "cpu", [b"abc"], None)
         send(None, peer, "cpu", [b"fingerprint", memoryview(bytes(16)).cast("i")], None, True)  # full now
@@ -276,6 +277,37 @@ def test_p2p_events_are_whole_name_their_thread_and_count_what_gave_way(monkeypa
     assert mine["threads"][events[1][5]] == "unit-recv"
     assert events[2][6] == {"peer": "g:1", "bytes": 4, "transport": "cpu"}
     assert all(e[4] >= e[3] for e in events)
+
+
+class _FakeLink:
+    """A hook point of the p2p kind, for the test below (marked only while it runs)."""
+
+    def send_frames(self, peer, transport, frames, deadline, raw=False):
+        return None
+
+
+def test_p2p_events_after_a_drain_go_to_the_fresh_buffer():
+    """The p2p wrappers hold the buffer itself (no module lookup per message); a drain that
+    replaces the buffer while tracing stays on makes them again, so no later event is lost."""
+    from rlinf.scheduler.address import WorkerAddress
+
+    original = _FakeLink.send_frames
+    hooks._points.append((original, "p2p_send"))
+    peer = WorkerAddress("g", 1)
+    assert not recorder.is_on()
+    recorder.enable()
+    try:
+        _FakeLink().send_frames(peer, "cpu", [b"one"], None)
+        first = recorder.dump(drain=True)
+        _FakeLink().send_frames(peer, "cpu", [b"two!"], None)
+        second = recorder.dump(drain=True)
+    finally:
+        recorder.disable()
+        recorder.reset()
+        hooks._points.remove((original, "p2p_send"))
+    assert [(e[1], e[6]["bytes"]) for e in first["events"]] == [("send", 3)]
+    assert [(e[1], e[6]["bytes"]) for e in second["events"]] == [("send", 4)]
+    assert _FakeLink.send_frames is original
 
 
 def test_bad_trace_paths_are_refused_before_anything_starts(cluster, tmp_path):

@@ -8,16 +8,23 @@ number is reported).  Times are ``perf_counter_ns`` (monotonic, cheap);
 ``enable``), and the collector then shifts each process onto the driver's
 clock with the offset it measured.
 
-An event is ``FIELDS`` consecutive scalars in the buffer, not a tuple: a
+An event is ``FIELDS`` consecutive slots in the buffer, not a tuple: a
 tuple per event is an object the garbage collector tracks, and tens of
 thousands of them made every collection slower, which cost a small p2p
-round trip more than the recording itself.  The fields are ``(phase, name,
-category, start_ns, end_ns, thread_ident, a0, a1, a2, a3)``: ``a0`` is a
-dict of arguments (or None), or ``a0..a3`` are the peer, bytes, transport
-and error of a p2p event (``ARG_NAMES``).  ``phase`` is ``"X"`` (a span on
-its thread), ``"A"`` (an asynchronous span: it may overlap others on its
-thread, shown on a track of its own) or ``"i"`` (an instant).  ``dump``
-returns ``(phase, name, category, start, end, thread, args)`` tuples.
+round trip more than the recording itself.  The slots are ``(what, start_ns,
+end_ns, thread, a0, a1, a2)``: ``what`` is a shared ``(phase, name,
+category)`` tuple, ``thread`` the one int object this process keeps for the
+recording thread (``thread_of``), and ``a0`` is a dict of arguments (or
+None), or ``a0..a2`` are the peer, bytes and transport of a p2p event (the
+transport paired with the error as a tuple when it failed; ``ARG_NAMES``).
+So an event holds no object of its own but its two timestamps (120 bytes in
+all): memory a growing buffer has to take from the system costs a page fault
+per 4 KiB, and on virtual machines that hand freed memory back to their host
+a fault costs microseconds (about 2.3 us measured on a 2-core test machine).
+``phase`` is ``"X"`` (a span on its thread), ``"A"`` (an asynchronous span:
+it may overlap others on its thread, shown on a track of its own) or ``"i"``
+(an instant).  ``dump`` returns ``(phase, name, category, start, end, thread,
+args)`` tuples.
 """
 
 from __future__ import annotations
@@ -37,13 +44,16 @@ DEFAULT_MAX_EVENTS = 500_000
 
 clock = time.perf_counter_ns
 
-FIELDS = 10  # buffer slots per event
+FIELDS = 7  # buffer slots per event
 
 _capacity = DEFAULT_MAX_EVENTS * FIELDS  # the buffer's maxlen
 _events: collections.deque = collections.deque(maxlen=_capacity)
 _get_ident = threading.get_ident
 _dropped = 0  # events that gave way to newer ones since the buffer was last drained
-_thread_names: dict = {}
+_thread_names: dict = {}  # thread id -> its name, for its track
+_threads: dict = {}  # thread id -> the one int object events of that thread hold (cleared in place, never rebound)
+_whats: dict = {}  # (phase, name, category) -> the one tuple events of that kind hold
+_MAX_WHATS = 4096  # distinct kinds shared; beyond that (names made per call) each event holds its own
 _delta_ns = time.time_ns() - clock()  # wall-clock ns minus perf_counter_ns, read again at enable
 _on = False
 _lock = threading.Lock()
@@ -101,23 +111,36 @@ def wall_ns() -> int:
     return clock() + _delta_ns
 
 
-def record(phase: str, name: str, cat: str, start: int, end: int, a0=None, a1=None, a2=None, a3=None) -> None:
-    """One event; ``a0`` a dict of arguments, or ``a0..a3`` the scalars named by ``ARG_NAMES``.
+def what(phase: str, name: str, cat: str) -> tuple:
+    """The shared ``(phase, name, category)`` of events of this kind."""
+    key = (phase, name, cat)
+    shared = _whats.get(key)
+    if shared is None:
+        if len(_whats) >= _MAX_WHATS:
+            return key
+        shared = _whats.setdefault(key, key)
+    return shared
+
+
+def record(phase: str, name: str, cat: str, start: int, end: int, a0=None, a1=None, a2=None, error=None) -> None:
+    """One event; ``a0`` a dict of arguments, or ``a0..a2`` the peer, bytes and transport of a p2p
+    event and ``error`` what it raised.
 
     The point-to-point wrappers do the same written out (see ``wrappers._p2p_send``):
-    the buffer, ``note_thread`` and ``note_dropped`` are their contract too."""
-    tid = _get_ident()
-    if tid not in _thread_names:
-        note_thread(tid)
+    the buffer, ``thread_of`` and ``note_dropped`` are their contract too."""
+    thread = _threads.get(_get_ident()) or note_thread()
     events = _events
     if len(events) == _capacity:
         note_dropped()
-    events.extend((phase, name, cat, start, end, tid, a0, a1, a2, a3))  # whole events: capacity is a multiple
+    # whole events: the capacity is a multiple of FIELDS
+    events.extend((what(phase, name, cat), start, end, thread, a0, a1, a2 if error is None else (a2, error)))
 
 
-def note_thread(tid: int) -> None:
-    """Name the calling thread (``tid``) once, for its track in the trace."""
+def note_thread() -> int:
+    """The calling thread's id, the object its events hold; named once, for its track in the trace."""
+    tid = _get_ident()
     _thread_names[tid] = threading.current_thread().name
+    return _threads.setdefault(tid, tid)
 
 
 def note_dropped() -> None:
@@ -145,17 +168,16 @@ def boot_id() -> str:
     return _boot_id
 
 
-#: names of the values of an event whose args were recorded as a tuple (cheaper than a dict)
+#: names of the values of an event whose args were recorded as slots (cheaper than a dict)
 ARG_NAMES = ("peer", "bytes", "transport", "error")
 
 
-def _args(a0, a1, a2, a3):
-    if a1 is None and a2 is None and a3 is None and (a0 is None or type(a0) is dict):
+def _args(a0, a1, a2):
+    if a1 is None and a2 is None and (a0 is None or type(a0) is dict):
         return a0
-    out = {"peer": a0, "bytes": a1, "transport": a2}
-    if a3 is not None:
-        out["error"] = a3
-    return out
+    if type(a2) is tuple:  # (transport, error) of a p2p operation that failed
+        return {"peer": a0, "bytes": a1, "transport": a2[0], "error": a2[1]}
+    return {"peer": a0, "bytes": a1, "transport": a2}
 
 
 def identity() -> dict:
@@ -176,14 +198,19 @@ def dump(drain: bool) -> dict:
     delta = _delta_ns
     dropped = _dropped
     if drain:  # a fresh buffer takes new events; list() of the old one is atomic, so it holds whole events
-        old, _events = _events, collections.deque(maxlen=_events.maxlen)
+        with _lock:
+            old, _events = _events, collections.deque(maxlen=_events.maxlen)
+            if _on:  # the p2p wrappers hold the buffer itself: made again, they hold the fresh one
+                from . import hooks, wrappers
+
+                hooks.install(wrappers.make)
         flat = list(old)
         _dropped = 0
     else:
         flat = list(_events)
     out = identity()
-    out["events"] = [(flat[i], flat[i + 1], flat[i + 2], flat[i + 3] + delta, flat[i + 4] + delta, flat[i + 5],
-                      _args(flat[i + 6], flat[i + 7], flat[i + 8], flat[i + 9]))
+    out["events"] = [(*flat[i], flat[i + 1] + delta, flat[i + 2] + delta, flat[i + 3],
+                      _args(flat[i + 4], flat[i + 5], flat[i + 6]))
                      for i in range(0, len(flat) - FIELDS + 1, FIELDS)]
     out["dropped"] = dropped
     out["threads"] = dict(_thread_names)
@@ -196,3 +223,4 @@ def reset() -> None:
     _events.clear()
     _dropped = 0
     _thread_names.clear()
+    _threads.clear()
