@@ -280,34 +280,67 @@ def test_p2p_events_are_whole_name_their_thread_and_count_what_gave_way(monkeypa
 
 
 class _FakeLink:
-    """A hook point of the p2p kind, for the test below (marked only while it runs)."""
+    """Hook points of the p2p kinds, for the test below (marked only while it runs)."""
+
+    release = None  # a threading.Event the receive waits for
 
     def send_frames(self, peer, transport, frames, deadline, raw=False):
         return None
 
+    def receive(self, peer, transport, deadline, read):
+        assert _FakeLink.release.wait(10)
+        return False, [bytearray(6)]
 
-def test_p2p_events_after_a_drain_go_to_the_fresh_buffer():
-    """The p2p wrappers hold the buffer itself (no module lookup per message); a drain that
-    replaces the buffer while tracing stays on makes them again, so no later event is lost."""
+
+def test_p2p_events_in_flight_across_a_drain_go_to_the_fresh_buffer():
+    """A drain replaces the buffer while tracing stays on: an operation that started before it and
+    ends after it is in the next dump, and so is every later one; the thread is named."""
+    import threading
+
     from rlinf.scheduler.address import WorkerAddress
 
-    original = _FakeLink.send_frames
-    hooks._points.append((original, "p2p_send"))
+    marks = [(_FakeLink.send_frames, "p2p_send"), (_FakeLink.receive, "p2p_recv")]
+    hooks._points.extend(marks)
+    _FakeLink.release = threading.Event()
     peer = WorkerAddress("g", 1)
     assert not recorder.is_on()
     recorder.enable()
     try:
         _FakeLink().send_frames(peer, "cpu", [b"one"], None)
+        waiting = threading.Thread(target=_FakeLink().receive, args=(peer, "cpu", None, None), name="in-flight")
+        waiting.start()
         first = recorder.dump(drain=True)
+        _FakeLink.release.set()
+        waiting.join(10)
         _FakeLink().send_frames(peer, "cpu", [b"two!"], None)
         second = recorder.dump(drain=True)
     finally:
         recorder.disable()
         recorder.reset()
-        hooks._points.remove((original, "p2p_send"))
+        for mark in marks:
+            hooks._points.remove(mark)
     assert [(e[1], e[6]["bytes"]) for e in first["events"]] == [("send", 3)]
-    assert [(e[1], e[6]["bytes"]) for e in second["events"]] == [("send", 4)]
-    assert _FakeLink.send_frames is original
+    assert [(e[1], e[6]["bytes"]) for e in second["events"]] == [("recv", 6), ("send", 4)]
+    assert second["threads"][second["events"][0][5]] == "in-flight"
+    assert _FakeLink.send_frames is marks[0][0] and _FakeLink.receive is marks[1][0]
+
+
+def test_each_event_is_named_for_the_thread_that_recorded_it():
+    """Thread ids are reused once a thread ends: each event still carries its own thread's name."""
+    import threading
+
+    assert not recorder.is_on()
+    recorder.enable()
+    try:
+        for i in range(4):  # one after another: the system tends to hand the next thread the same id
+            t = threading.Thread(target=recorder.record, args=("i", f"mark{i}", "timer", i, i), name=f"worker-{i}")
+            t.start()
+            t.join(10)
+        mine = recorder.dump(drain=True)
+    finally:
+        recorder.disable()
+        recorder.reset()
+    assert [mine["threads"][e[5]] for e in mine["events"]] == [f"worker-{i}" for i in range(4)]
 
 
 def test_bad_trace_paths_are_refused_before_anything_starts(cluster, tmp_path):

@@ -13,8 +13,8 @@ tuple per event is an object the garbage collector tracks, and tens of
 thousands of them made every collection slower, which cost a small p2p
 round trip more than the recording itself.  The slots are ``(what, start_ns,
 end_ns, thread, a0, a1, a2)``: ``what`` is a shared ``(phase, name,
-category)`` tuple, ``thread`` the one int object this process keeps for the
-recording thread (``thread_of``), and ``a0`` is a dict of arguments (or
+category)`` tuple, ``thread`` the number of the recording thread, one int
+object per thread (``note_thread``), and ``a0`` is a dict of arguments (or
 None), or ``a0..a2`` are the peer, bytes and transport of a p2p event (the
 transport paired with the error as a tuple when it failed; ``ARG_NAMES``).
 So an event holds no object of its own but its two timestamps (120 bytes in
@@ -30,10 +30,12 @@ args)`` tuples.
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import socket
 import threading
 import time
+import weakref
 from typing import Optional
 
 from .. import context
@@ -50,8 +52,9 @@ _capacity = DEFAULT_MAX_EVENTS * FIELDS  # the buffer's maxlen
 _events: collections.deque = collections.deque(maxlen=_capacity)
 _get_ident = threading.get_ident
 _dropped = 0  # events that gave way to newer ones since the buffer was last drained
-_thread_names: dict = {}  # thread id -> its name, for its track
-_threads: dict = {}  # thread id -> the one int object events of that thread hold (cleared in place, never rebound)
+_local = threading.local()  # .thread: this thread's number, the one int object its events hold
+_thread_numbers = itertools.count(1)  # unique per thread for the process's life: system thread ids are reused
+_thread_names: dict = {}  # thread number -> (name, weak reference to the thread), for its track
 _whats: dict = {}  # (phase, name, category) -> the one tuple events of that kind hold
 _MAX_WHATS = 4096  # distinct kinds shared; beyond that (names made per call) each event holds its own
 _delta_ns = time.time_ns() - clock()  # wall-clock ns minus perf_counter_ns, read again at enable
@@ -127,8 +130,11 @@ def record(phase: str, name: str, cat: str, start: int, end: int, a0=None, a1=No
     event and ``error`` what it raised.
 
     The point-to-point wrappers do the same written out (see ``wrappers._p2p_send``):
-    the buffer, ``thread_of`` and ``note_dropped`` are their contract too."""
-    thread = _threads.get(_get_ident()) or note_thread()
+    the buffer, ``_local.thread``/``note_thread`` and ``note_dropped`` are their contract too."""
+    try:
+        thread = _local.thread
+    except AttributeError:
+        thread = note_thread()
     events = _events
     if len(events) == _capacity:
         note_dropped()
@@ -137,10 +143,22 @@ def record(phase: str, name: str, cat: str, start: int, end: int, a0=None, a1=No
 
 
 def note_thread() -> int:
-    """The calling thread's id, the object its events hold; named once, for its track in the trace."""
-    tid = _get_ident()
-    _thread_names[tid] = threading.current_thread().name
-    return _threads.setdefault(tid, tid)
+    """The calling thread's number, the object its events hold (``_local.thread``), named for its track.
+
+    A number, not the system's thread id: an id is handed to the next thread once one ends, and
+    the trace would put both threads' events on one track under one name."""
+    number = next(_thread_numbers)
+    thread = threading.current_thread()
+    _thread_names[number] = (thread.name, weakref.ref(thread))
+    _local.thread = number
+    return number
+
+
+def _forget_ended_threads(keep: set) -> None:
+    """Drop the names of threads that ended and have no event left in the buffer (``keep``)."""
+    for number, (_, ref) in list(_thread_names.items()):
+        if ref() is None and number not in keep:
+            _thread_names.pop(number, None)
 
 
 def note_dropped() -> None:
@@ -198,12 +216,7 @@ def dump(drain: bool) -> dict:
     delta = _delta_ns
     dropped = _dropped
     if drain:  # a fresh buffer takes new events; list() of the old one is atomic, so it holds whole events
-        with _lock:
-            old, _events = _events, collections.deque(maxlen=_events.maxlen)
-            if _on:  # the p2p wrappers hold the buffer itself: made again, they hold the fresh one
-                from . import hooks, wrappers
-
-                hooks.install(wrappers.make)
+        old, _events = _events, collections.deque(maxlen=_events.maxlen)
         flat = list(old)
         _dropped = 0
     else:
@@ -213,7 +226,10 @@ def dump(drain: bool) -> dict:
                       _args(flat[i + 4], flat[i + 5], flat[i + 6]))
                      for i in range(0, len(flat) - FIELDS + 1, FIELDS)]
     out["dropped"] = dropped
-    out["threads"] = dict(_thread_names)
+    numbers = set(flat[3::FIELDS])
+    out["threads"] = {t: _thread_names.get(t, (f"thread {t}",))[0] for t in numbers}
+    if drain:
+        _forget_ended_threads(set(list(_events)[3::FIELDS]))
     return out
 
 
@@ -222,5 +238,3 @@ def reset() -> None:
     global _dropped
     _events.clear()
     _dropped = 0
-    _thread_names.clear()
-    _threads.clear()

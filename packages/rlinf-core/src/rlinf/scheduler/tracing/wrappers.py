@@ -12,7 +12,7 @@ import functools
 import itertools
 
 from . import recorder as _recorder
-from .recorder import _get_ident, _threads, clock, note_dropped, note_thread, record, what
+from .recorder import _local, clock, note_dropped, note_thread, record, what
 
 #: names of control calls that must not show up as the user's work
 _CONTROL_PREFIX = "_rlinf_trace"
@@ -155,12 +155,10 @@ def _timer(fn):
 # garbage collector tracks (see recorder.py).
 #
 # These two run on every traced message, so their success path does what ``record`` does
-# written out, with no call but the clock's and the buffer held in the closure (``recorder.dump``
-# makes them again when it replaces the buffer): on a small round trip, each Python call or
-# module lookup there costs several times what it costs in a loop (caches are cold between
-# messages).  Same-run variants on a 22 us round trip, tracing on over off: 1.09-1.10 with the
-# buffer in the closure, 1.10-1.11 with it looked up on the module, 1.05 for two clock reads and
-# a constant event, 1.006 for a wrapper that records nothing.
+# written out, with no call but the clock's: on a small round trip, each Python call there
+# costs several times what it costs in a loop (caches are cold between messages).  The buffer
+# is looked up when the event is recorded, not held by the wrapper: a drain replaces it, and an
+# operation in flight across a drain belongs in the new one.
 def _nbytes(frames) -> int:
     total = 0
     for f in frames:
@@ -173,8 +171,6 @@ _SEND, _SEND_TENSOR, _RECV = what("X", "send", "p2p"), what("X", "send_tensor", 
 
 
 def _p2p_send(fn):
-    events, capacity = _recorder._events, _recorder._capacity  # the buffer as it is now: made again when it is replaced
-
     @functools.wraps(fn)
     def traced_send_frames(self, peer, transport, frames, deadline, raw=False):
         start = clock()
@@ -185,8 +181,12 @@ def _p2p_send(fn):
                    _nbytes(frames[1:] if raw else frames), transport, type(exc).__name__)
             raise
         end = clock()
-        thread = _threads.get(_get_ident()) or note_thread()
-        if len(events) == capacity:
+        try:
+            thread = _local.thread
+        except AttributeError:  # the thread's first event
+            thread = note_thread()
+        events = _recorder._events  # looked up now: a drain may have replaced it while the send ran
+        if len(events) == _recorder._capacity:
             note_dropped()
         if raw:
             events.extend((_SEND_TENSOR, start, end, thread, peer._name, _nbytes(frames[1:]), transport))
@@ -199,8 +199,6 @@ def _p2p_send(fn):
 
 
 def _p2p_recv(fn):
-    events, capacity = _recorder._events, _recorder._capacity
-
     @functools.wraps(fn)
     def traced_receive(self, peer, transport, deadline, read):
         start = clock()
@@ -211,8 +209,12 @@ def _p2p_recv(fn):
             raise
         if type(result) is tuple:  # (raw, frames) of a recv; recv_tensor's read returns a flag (recorded there)
             end = clock()
-            thread = _threads.get(_get_ident()) or note_thread()
-            if len(events) == capacity:
+            try:
+                thread = _local.thread
+            except AttributeError:
+                thread = note_thread()
+            events = _recorder._events
+            if len(events) == _recorder._capacity:
                 note_dropped()
             frames = result[1]
             events.extend((_RECV, start, end, thread, peer._name,
