@@ -31,10 +31,14 @@ import time
 from typing import Optional
 
 from rlinf.scheduler import security
-from rlinf.scheduler.p2p.transport import Link, LinkBusy, Transport
+from rlinf.scheduler.p2p.transport import READ_AHEAD_MESSAGE_COST, HeldWithin, Link, Transport
 
 #: bytes of whole messages the reader thread takes from the socket before anyone asked for them
+#: (each message also counts READ_AHEAD_MESSAGE_COST, so many empty ones are bounded too)
 READ_AHEAD = 64 << 20
+#: frames in one message, and bytes in one frame, that a peer may announce
+MAX_FRAMES = 1 << 16
+MAX_FRAME = 1 << 40
 _HEAD = struct.Struct("<BI")  # raw flag, number of frames
 _LEN = struct.Struct("<Q")
 
@@ -56,7 +60,7 @@ class TcpLink(Link):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(None)
         self._sock = sock
-        self._send_lock = threading.Lock()
+        self._send_lock = threading.RLock()  # one send at a time (HeldWithin)
         self._owed = b""  # what the peer must read before anything we send (the listener's acknowledgement)
         self._broken: Optional[str] = None  # why no message can be sent any more
         self._inbox: collections.deque = collections.deque()
@@ -70,11 +74,16 @@ class TcpLink(Link):
         try:
             while True:
                 raw, count = _HEAD.unpack(_recv_exact(self._sock, _HEAD.size))
+                if count > MAX_FRAMES:
+                    raise ConnectionError(f"the peer announced {count} frames in one message")
                 sizes = [_LEN.unpack(_recv_exact(self._sock, _LEN.size))[0] for _ in range(count)]
+                if any(n > MAX_FRAME for n in sizes):
+                    raise ConnectionError(f"the peer announced a frame of {max(sizes)} bytes")
                 frames = [_recv_exact(self._sock, n) if n else bytearray() for n in sizes]
+                cost = sum(sizes) + READ_AHEAD_MESSAGE_COST
                 with self._cond:
-                    self._inbox.append((bool(raw), frames, sum(sizes)))
-                    self._inbox_bytes += sum(sizes)
+                    self._inbox.append((bool(raw), frames, cost))
+                    self._inbox_bytes += cost
                     self._cond.notify_all()
                     while self._inbox_bytes >= READ_AHEAD and not self._closed:
                         self._cond.wait(1.0)  # until a receive takes some (it notifies), or the link closes
@@ -86,27 +95,26 @@ class TcpLink(Link):
     def send(self, frames, deadline, raw=False):
         views = [memoryview(f).cast("B") for f in frames]
         head = _HEAD.pack(1 if raw else 0, len(views)) + b"".join(_LEN.pack(v.nbytes) for v in views)
-        # wait for another thread's send at most until our own deadline
-        if not self._send_lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
-            raise LinkBusy("another send on this link held it until the deadline")
         sent = [0]
-        try:
-            if self._broken is not None:
-                raise ConnectionError(f"the link is broken: {self._broken}")
-            self._pay_owed()
-            self._send_all([memoryview(head), *(v for v in views if v.nbytes)], deadline, sent)
-        except BaseException as exc:
-            if sent[0]:  # cut off midway: the peer cannot find where a next message would start
-                self._broken = f"a send failed midway ({type(exc).__name__})"
-                try:
-                    self._sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-            if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, TimeoutError)):
-                raise ConnectionError(f"sending failed: {exc}") from exc
-            raise
-        finally:
-            self._send_lock.release()
+        # waits for another thread's send at most until our own deadline (LinkBusy)
+        with HeldWithin(self._send_lock, deadline, "send"):
+            try:
+                if self._broken is not None:
+                    raise ConnectionError(f"the link is broken: {self._broken}")
+                self._pay_owed()
+                self._send_all([memoryview(head), *(v for v in views if v.nbytes)], deadline, sent)
+            except BaseException as exc:
+                # cut off midway: the peer cannot find where a next message would start.  An interrupt
+                # (Ctrl-C) counts as midway: it may land after the kernel took bytes, before they were counted
+                if sent[0] or not isinstance(exc, Exception):
+                    self._broken = f"a send failed midway ({type(exc).__name__})"
+                    try:
+                        self._sock.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+                if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, TimeoutError)):
+                    raise ConnectionError(f"sending failed: {exc}") from exc
+                raise
 
     def _send_all(self, views, deadline, sent) -> None:
         """Send ``views`` whole, never blocking past ``deadline`` (``sent[0]`` counts the bytes that left)."""
@@ -132,7 +140,7 @@ class TcpLink(Link):
 
     def settle(self) -> None:
         """Send what is owed, unless a send already did."""
-        with self._send_lock:
+        with HeldWithin(self._send_lock, None, "send"):
             try:
                 self._pay_owed()
             except OSError:
@@ -158,7 +166,7 @@ class TcpLink(Link):
             return raw, frames
 
     def is_open(self):
-        return self._error is None or bool(self._inbox)
+        return self._broken is None and (self._error is None or bool(self._inbox))
 
     def recv_into(self, targets, deadline):
         raw, frames = self.recv(deadline)
@@ -173,6 +181,10 @@ class TcpLink(Link):
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        try:  # shutdown first: close() alone leaves the connection up while the reader thread is in recv
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self._sock.close()
         except OSError:

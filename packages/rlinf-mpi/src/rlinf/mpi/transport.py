@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from rlinf.scheduler.p2p.transport import Link, LinkBusy, LinkClosed, Transport
+from rlinf.scheduler.p2p.transport import READ_AHEAD_MESSAGE_COST, HeldWithin, Link, LinkClosed, Transport
 
 from . import runtime
 from .polling import wait_for, wait_requests
@@ -67,13 +67,6 @@ def _nbytes(frame) -> int:
     return frame.nbytes if isinstance(frame, memoryview) else memoryview(frame).nbytes
 
 
-def _take(lock: threading.Lock, deadline: Optional[float], what: str) -> None:
-    """Hold ``lock``, waiting for another thread's send or receive on the link at most until
-    ``deadline`` (``LinkBusy`` then; None: as long as that one takes, which ends by its own deadline)."""
-    if not (lock.acquire(False) or lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic()))):
-        raise LinkBusy(f"another {what} on this link held it until the deadline")
-
-
 def _empty(size: int):
     return np.empty(size, dtype=np.uint8)  # not zeroed: MPI writes every byte
 
@@ -84,8 +77,8 @@ class MpiLink(Link):
         self.peer = peer
         self._send_tag = send_tag
         self._recv_tag = recv_tag
-        self._recv_lock = threading.Lock()  # held for one whole incoming message
-        self._send_lock = threading.Lock()
+        self._recv_lock = threading.RLock()  # held for one whole incoming message (HeldWithin)
+        self._send_lock = threading.RLock()
         self._ahead: collections.deque = collections.deque()
         self._ahead_bytes = 0
         self._seen_at: Optional[float] = None
@@ -117,14 +110,11 @@ class MpiLink(Link):
             frame = frames[0]
             if (len(frame) if type(frame) is bytes else _nbytes(frame)) <= INLINE_MAX:
                 message = b"".join((_SINGLE[raw], frame))
-                _take(self._send_lock, deadline, "send")
-                try:
+                with HeldWithin(self._send_lock, deadline, "send"):
                     request = self._comm.Isend([message, _BYTE], self.peer, self._send_tag)
                     if request.Test():  # small messages are buffered by MPI at once
                         return
                     self._wait_sent([request], [message], deadline)
-                finally:
-                    self._send_lock.release()
                 return
         sizes = [_nbytes(f) for f in frames]
         total = sum(sizes)
@@ -133,8 +123,7 @@ class MpiLink(Link):
         head = _HEAD.pack(flags, len(frames)) + _SIZES[len(sizes)].pack(*sizes) if len(sizes) < 8 else (
             _HEAD.pack(flags, len(frames)) + b"".join(_SIZE.pack(n) for n in sizes))
         comm, peer, tag = self._comm, self.peer, self._send_tag
-        _take(self._send_lock, deadline, "send")
-        try:
+        with HeldWithin(self._send_lock, deadline, "send"):
             if inline:
                 message = b"".join([head, *frames])
                 request = comm.Isend([message, _BYTE], peer, tag)
@@ -146,8 +135,6 @@ class MpiLink(Link):
                 requests += [comm.Isend([f, _BYTE], peer, tag) for f, n in zip(frames, sizes) if n]
                 keep = [head, *frames]
             self._wait_sent(requests, keep, deadline)
-        finally:
-            self._send_lock.release()
 
     def _wait_sent(self, requests: list, keep: list, deadline: Optional[float]) -> None:
         try:
@@ -240,11 +227,8 @@ class MpiLink(Link):
     def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
         if self._peer_closed or not self._open:
             self._check_open()
-        _take(self._recv_lock, deadline, "receive")
-        try:
+        with HeldWithin(self._recv_lock, deadline, "receive"):
             flags, buffers = self._next_message(deadline)
-        finally:
-            self._recv_lock.release()
         if flags & FLAG_INLINE:
             return bool(flags & FLAG_RAW), buffers
         return bool(flags & FLAG_RAW), [memoryview(b) if isinstance(b, np.ndarray) else b for b in buffers]
@@ -252,8 +236,7 @@ class MpiLink(Link):
     def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
         self._check_open()
         wanted = [_nbytes(t) for t in targets]
-        _take(self._recv_lock, deadline, "receive")
-        try:
+        with HeldWithin(self._recv_lock, deadline, "receive"):
             message, status = self._match(deadline)
             if message is None:  # read ahead while we waited
                 return self._recv_into_ahead(targets, wanted)
@@ -263,8 +246,6 @@ class MpiLink(Link):
                 raise ValueError(f"message of {sizes} bytes per frame, buffers of {wanted}")
             self._receive_frames(flags, sizes, body, targets, deadline)
             return bool(flags & FLAG_RAW)
-        finally:
-            self._recv_lock.release()
 
     def _pop_ahead(self) -> tuple:
         """The oldest message the service thread read ahead: (flags, buffers)."""
@@ -309,7 +290,7 @@ class MpiLink(Link):
             except ConnectionError:
                 self._ahead.append((FLAG_CLOSE, [], 0))
                 return True
-            size = sum(_nbytes(b) for b in buffers)
+            size = sum(_nbytes(b) for b in buffers) + READ_AHEAD_MESSAGE_COST
             self._ahead.append((flags, buffers, size))
             self._ahead_bytes += size
             return True

@@ -35,7 +35,7 @@ import uuid
 from typing import Callable, Optional, Sequence
 
 from .. import security
-from .transport import Link, LinkBusy, LinkClosed, Transport
+from .transport import READ_AHEAD_MESSAGE_COST, Link, LinkBusy, LinkClosed, Transport
 
 LOCAL_ENV = "RLINF_CPU_LOCAL"
 #: buffers at least this large go through shared memory (same host only)
@@ -597,7 +597,7 @@ class SocketLink(Link):
                     self._ahead_error = exc
                     self._ahead_cond.notify_all()
                 return False
-            size = sum(len(f) for f in frames)
+            size = sum(len(f) for f in frames) + READ_AHEAD_MESSAGE_COST  # empty messages count too: the budget bounds memory
             with self._ahead_cond:
                 self._ahead.append((raw, frames, size))
                 self._ahead_bytes += size

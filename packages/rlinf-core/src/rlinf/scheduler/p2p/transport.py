@@ -49,8 +49,13 @@ moving accelerator memory needs, through ``DeviceLink``:
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import Callable, Optional, Sequence
+
+#: bytes a read-ahead budget charges for each message on top of its payload, so that a budget in
+#: bytes also bounds the memory of many small (or empty) messages read ahead
+READ_AHEAD_MESSAGE_COST = 256
 
 
 class LinkClosed(ConnectionError):
@@ -59,6 +64,39 @@ class LinkClosed(ConnectionError):
 
 class LinkBusy(TimeoutError):
     """Another thread's send (or receive) held the link until this one's deadline; nothing of it was sent."""
+
+
+class HeldWithin:
+    """``with HeldWithin(lock, deadline, "send"):`` one operation on a link at a time.
+
+    Waits for another thread's operation on the same ``lock`` at most until
+    ``deadline`` (``LinkBusy`` then, nothing done; None: as long as that one
+    takes, which ends by its own deadline).  ``lock`` must be a
+    ``threading.RLock``, not held by the calling thread already: an interrupt
+    (Ctrl-C) that lands just after the lock was taken, before the ``with``
+    block began, then releases it instead of leaving it held for good.
+    """
+
+    __slots__ = ("_lock", "_deadline", "_what")
+
+    def __init__(self, lock, deadline: Optional[float], what: str):
+        self._lock, self._deadline, self._what = lock, deadline, what
+
+    def __enter__(self) -> None:
+        lock, deadline = self._lock, self._deadline
+        if lock._is_owned():
+            raise RuntimeError(f"a {self._what} on a link inside another one on the same thread")
+        try:
+            if lock.acquire(False) or lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+                return
+        except BaseException:
+            if lock._is_owned():  # taken, and interrupted before the block could own it
+                lock.release()
+            raise
+        raise LinkBusy(f"another {self._what} on this link held it until the deadline")
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
 
 
 class Link(ABC):
