@@ -497,6 +497,9 @@ def test_a_put_that_takes_longer_than_the_silence_allowed_lives_while_its_bytes_
             time.sleep(0.1)
     finally:
         os.kill(pid, signal.SIGCONT)
+    if errors:
+        import traceback
+        traceback.print_exception(errors[0])
     assert done.wait(30) and not errors, errors
     assert time.monotonic() - start > 3, "the put went through too fast to prove anything"
     assert int(ch.get(key="big", timeout=30).sum()) == 1024 * MiB

@@ -45,7 +45,7 @@ from typing import Optional
 
 from ..errors import CommunicationError, PeerDiedError
 from ..p2p.transport import Link, LinkBusy
-from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_timeout
+from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
 
 #: seconds a client waits beyond an operation's own timeout for the host's reply
 REPLY_GRACE = 10.0
@@ -344,7 +344,7 @@ class ChannelClient:
         reply itself if no one reads, so the background reader is not woken
         for it (it still reads it if it is awake for something else).  The
         future must then get no callbacks: whichever thread reads sets it."""
-        limit = self._send_timeout if send_timeout is None else send_timeout
+        limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
         self._send_abandoned(limit)  # before this request, so an item put back keeps its place ahead of it
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:

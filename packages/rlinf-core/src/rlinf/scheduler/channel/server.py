@@ -36,7 +36,8 @@ Nothing is lost and nothing hangs:
   client acknowledges handing it to its user; a cancelled request, or a
   connection that goes away, puts its in-flight items back at the head of
   their queues, in order;
-* every send has a deadline: a client that does not take its replies for
+* every send has a deadline (the send timeout, plus a second per 64 MiB it
+  carries): a client that does not take its replies for
   that long (its socket stays full, or one send does not finish), or that has
   not been heard from for several heartbeats (bytes of a long message
   arriving count), is treated as dead: its link
@@ -63,7 +64,7 @@ from typing import Callable, Optional
 from .. import config
 from ..p2p.transport import Link
 from .keys import show_key
-from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_timeout
+from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
 
 #: sender threads of one channel host (replies to all clients)
 SENDERS_ENV = "RLINF_CHANNEL_SENDERS"
@@ -446,7 +447,7 @@ class ChannelServer:
                     return
                 ctrl, frames = conn.outbox.popleft()
             try:
-                conn.link.send([pack(ctrl), *frames], time.monotonic() + self._send_timeout)
+                conn.link.send([pack(ctrl), *frames], time.monotonic() + send_limit(self._send_timeout, frames))
             except Exception:
                 self._post(self._lost, conn)  # stays scheduled: nothing more is sent to it
                 return

@@ -23,6 +23,7 @@ from __future__ import annotations
 import array
 import collections
 import fcntl
+import mmap
 import os
 import select
 import selectors
@@ -74,6 +75,20 @@ def _host_id() -> str:
     except OSError:
         netns = "?"
     return f"{socket.gethostname()}/{boot}/{netns}"
+
+
+#: frames at least this large are received into memory the system hands over as the bytes arrive
+_LAZY_BUFFER = 1 << 20
+
+
+def _receive_buffer(n: int):
+    """A writable buffer of ``n`` bytes for a frame read from the socket.
+
+    A large one is not zero-filled first (``bytearray(n)`` would be): filling touches every page
+    before the first byte is read, and each first touch is a page fault (2.3 us on a test virtual
+    machine: 0.6 s of CPU for 1 GiB), so a receiver would read nothing, and its sender would see no
+    progress, for that long.  Untouched, the pages are faulted in as the bytes land."""
+    return bytearray(n) if n < _LAZY_BUFFER else mmap.mmap(-1, n)  # anonymous: private, like a bytearray
 
 
 def _remaining(deadline: Optional[float]) -> Optional[float]:
@@ -539,7 +554,7 @@ class SocketLink(Link):
                     self._rstart += n
                 else:
                     if msg.pos == 0:
-                        out.append(bytearray(n))
+                        out.append(_receive_buffer(n))
                     progress = [msg.pos]
                     try:
                         self._read_into(memoryview(out[-1]), msg.pos, deadline, progress)
@@ -670,7 +685,7 @@ class SocketLink(Link):
             except TimeoutError:
                 # keep what arrived, in buffers of our own, for the next receive
                 msg.out = [bytearray(views[j]) for j in range(i)]
-                msg.out.append(bytearray(frames[i][3]))
+                msg.out.append(_receive_buffer(frames[i][3]))
                 msg.out[-1][:pos] = views[i][:pos]
                 msg.index, msg.pos = i, pos
                 self._partial = msg
