@@ -27,8 +27,9 @@ from .. import config
 SEND_TIMEOUT_ENV = "RLINF_CHANNEL_SEND_TIMEOUT"
 DEFAULT_SEND_TIMEOUT = 30.0
 #: bytes per second a send of a large item is given on top of the send timeout: the timeout bounds
-#: waiting for a peer that takes nothing, and an item of any size still has time to cross (1 GiB
-#: took 3.4 s over loopback TCP on a 2-core test machine, its first time through fresh memory)
+#: waiting for a peer that takes nothing, and an item of any size still has time to cross a slow
+#: link or a receiver that faults fresh memory in as it reads (1 GiB took 3.4 s over loopback TCP
+#: on a 2-core virtual machine when the receiver zero-filled its buffer first; 0.4-1.3 s without)
 SEND_RATE_FLOOR = 64 << 20
 #: seconds between heartbeats of a client; either side declares the other
 #: dead after ``DEAD_AFTER_BEATS`` heartbeats' time without hearing from it

@@ -61,6 +61,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
+
 from .. import config
 from ..p2p.transport import Link
 from .keys import show_key
@@ -146,8 +148,8 @@ def _own(frames: list, pool: _BlockPool) -> list:
     not pin the producer's segment (which it would otherwise have to replace)."""
     out = []
     for f in frames:
-        if isinstance(f, (bytes, bytearray, mmap.mmap)):
-            out.append(f)
+        if isinstance(f, (bytes, bytearray, mmap.mmap)) or (isinstance(f, np.ndarray) and f.base is None):
+            out.append(f)  # memory of its own (a numpy array with no base owns its data)
             continue
         view = memoryview(f).cast("B")
         if view.nbytes >= _MAPPED_MIN:
