@@ -50,7 +50,6 @@ FIELDS = 7  # buffer slots per event
 
 _capacity = DEFAULT_MAX_EVENTS * FIELDS  # the buffer's maxlen
 _events: collections.deque = collections.deque(maxlen=_capacity)
-_get_ident = threading.get_ident
 _dropped = 0  # events that gave way to newer ones since the buffer was last drained
 _local = threading.local()  # .thread: this thread's number, the one int object its events hold
 _thread_numbers = itertools.count(1)  # unique per thread for the process's life: system thread ids are reused
