@@ -294,7 +294,7 @@ class _FakeLink:
 
 
 def test_p2p_events_in_flight_across_a_drain_go_to_the_fresh_buffer():
-    """A drain replaces the buffer while tracing stays on: an operation that started before it and
+    """A drain empties the buffer while tracing stays on: an operation that started before it and
     ends after it is in the next dump, and so is every later one; the thread is named."""
     import threading
 

@@ -1,26 +1,26 @@
 """The in-process event buffer of the timeline.
 
 Every process that traces (the driver and each worker) appends events to one
-bounded ``deque``: an ``extend`` is atomic under the GIL, so recording threads
+bounded ``deque``: an ``append`` is atomic under the GIL, so recording threads
 take no lock, and when the buffer is full the oldest events give way (their
 number is reported).  Times are ``perf_counter_ns`` (monotonic, cheap);
 ``dump`` turns them into this process's wall clock (``time_ns`` read once at
 ``enable``), and the collector then shifts each process onto the driver's
 clock with the offset it measured.
 
-An event is ``FIELDS`` consecutive slots in the buffer, not a tuple: a
-tuple per event is an object the garbage collector tracks, and tens of
-thousands of them made every collection slower, which cost a small p2p
-round trip more than the recording itself.  The slots are ``(what, start_ns,
-end_ns, thread, a0, a1, a2)``: ``what`` is a shared ``(phase, name,
-category)`` tuple, ``thread`` the number of the recording thread, one int
-object per thread (``note_thread``), and ``a0`` is a dict of arguments (or
-None), or ``a0..a2`` are the peer, bytes and transport of a p2p event (the
-transport paired with the error as a tuple when it failed; ``ARG_NAMES``).
-So an event holds no object of its own but its two timestamps (120 bytes in
-all): memory a growing buffer has to take from the system costs a page fault
-per 4 KiB, and on virtual machines that hand freed memory back to their host
-a fault costs microseconds (about 2.3 us measured on a 2-core test machine).
+An event is one tuple ``(what, start_ns, end_ns, thread, a0, a1, a2)``:
+``what`` is a shared ``(phase, name, category)`` tuple, ``thread`` the
+number of the recording thread, one int object per thread (``note_thread``),
+and ``a0`` is a dict of arguments (or None), or ``a0..a2`` are the peer,
+bytes and transport of a p2p event (the transport paired with the error as a
+tuple when it failed; ``ARG_NAMES``).  One ``append`` of one tuple is the
+cheapest record CPython offers: writing the same values as seven slots of
+the buffer cost a small p2p round trip about 4% more (measured in place).
+A tuple is an object the garbage collector tracks, but one that holds only
+strings, numbers and untracked tuples (every p2p event, every ``what``) is
+untracked by the first young collection that sees it, so a long buffer does
+not slow later collections; only events carrying a dict of arguments (group
+calls, channel operations, a few per call) stay tracked.
 ``phase`` is ``"X"`` (a span on its thread), ``"A"`` (an asynchronous span:
 it may overlap others on its thread, shown on a track of its own) or ``"i"``
 (an instant).  ``dump`` returns ``(phase, name, category, start, end, thread,
@@ -46,12 +46,9 @@ DEFAULT_MAX_EVENTS = 500_000
 
 clock = time.perf_counter_ns
 
-FIELDS = 7  # buffer slots per event
-
-_capacity = DEFAULT_MAX_EVENTS * FIELDS  # the buffer's maxlen
+_capacity = DEFAULT_MAX_EVENTS  # the buffer's maxlen
 _events: collections.deque = collections.deque(maxlen=_capacity)
 _dropped = 0  # events that gave way to newer ones since the buffer was last drained
-_local = threading.local()  # .thread: this thread's number, the one int object its events hold
 _thread_numbers = itertools.count(1)  # unique per thread for the process's life: system thread ids are reused
 _thread_names: dict = {}  # thread number -> (name, weak reference to the thread), for its track
 _whats: dict = {}  # (phase, name, category) -> the one tuple events of that kind hold
@@ -59,6 +56,24 @@ _MAX_WHATS = 4096  # distinct kinds shared; beyond that (names made per call) ea
 _delta_ns = time.time_ns() - clock()  # wall-clock ns minus perf_counter_ns, read again at enable
 _on = False
 _lock = threading.Lock()
+
+
+class _ThreadNumber(threading.local):
+    """``_local.thread``: the calling thread's number, the one int object its events hold.
+
+    Taken, and named for the thread's track, the first time a thread reads it (``threading.local``
+    runs ``__init__`` once per thread), so recording code reads it with no test.  A number, not the
+    system's thread id: an id is handed to the next thread once one ends, and the trace would put
+    both threads' events on one track under one name."""
+
+    def __init__(self):
+        number = next(_thread_numbers)
+        thread = threading.current_thread()
+        _thread_names[number] = (thread.name, weakref.ref(thread))
+        self.thread = number
+
+
+_local = _ThreadNumber()
 
 
 def is_on() -> bool:
@@ -84,8 +99,8 @@ def enable() -> bool:
     with _lock:
         if _on:
             return False
-        size = _max_events() * FIELDS
-        if _events.maxlen != size:
+        size = _max_events()
+        if _events.maxlen != size:  # only here, while off: the wrappers installed below hold the buffer
             _events = collections.deque(_events, maxlen=size)
             _capacity = size
         _delta_ns = time.time_ns() - clock()
@@ -129,28 +144,11 @@ def record(phase: str, name: str, cat: str, start: int, end: int, a0=None, a1=No
     event and ``error`` what it raised.
 
     The point-to-point wrappers do the same written out (see ``wrappers._p2p_send``):
-    the buffer, ``_local.thread``/``note_thread`` and ``note_dropped`` are their contract too."""
-    try:
-        thread = _local.thread
-    except AttributeError:
-        thread = note_thread()
+    the buffer, ``_local.thread`` and ``note_dropped`` are their contract too."""
     events = _events
     if len(events) == _capacity:
         note_dropped()
-    # whole events: the capacity is a multiple of FIELDS
-    events.extend((what(phase, name, cat), start, end, thread, a0, a1, a2 if error is None else (a2, error)))
-
-
-def note_thread() -> int:
-    """The calling thread's number, the object its events hold (``_local.thread``), named for its track.
-
-    A number, not the system's thread id: an id is handed to the next thread once one ends, and
-    the trace would put both threads' events on one track under one name."""
-    number = next(_thread_numbers)
-    thread = threading.current_thread()
-    _thread_names[number] = (thread.name, weakref.ref(thread))
-    _local.thread = number
-    return number
+    events.append((what(phase, name, cat), start, end, _local.thread, a0, a1, a2 if error is None else (a2, error)))
 
 
 def _forget_ended_threads(keep: set) -> None:
@@ -185,7 +183,7 @@ def boot_id() -> str:
     return _boot_id
 
 
-#: names of the values of an event whose args were recorded as slots (cheaper than a dict)
+#: names of the values of an event whose args were recorded as values (cheaper than a dict)
 ARG_NAMES = ("peer", "bytes", "transport", "error")
 
 
@@ -211,29 +209,32 @@ def identity() -> dict:
 def dump(drain: bool) -> dict:
     """This process's events on its wall clock, with its identity; ``drain`` empties the buffer."""
     global _dropped
-    global _events
     delta = _delta_ns
-    dropped = _dropped
-    if drain:  # a fresh buffer takes new events; list() of the old one is atomic, so it holds whole events
-        old, _events = _events, collections.deque(maxlen=_events.maxlen)
-        flat = list(old)
-        _dropped = 0
+    if drain:
+        # popped, not replaced: the recording wrappers hold this buffer.  Its length only grows while
+        # this runs (a full buffer drops one event for each it takes), so every pop finds one, and an
+        # event appended meanwhile is in this dump or stays for the next
+        with _lock:
+            dropped, _dropped = _dropped, 0
+            popleft = _events.popleft
+            events = [popleft() for _ in range(len(_events))]
     else:
-        flat = list(_events)
+        dropped = _dropped
+        events = list(_events)
     out = identity()
-    out["events"] = [(*flat[i], flat[i + 1] + delta, flat[i + 2] + delta, flat[i + 3],
-                      _args(flat[i + 4], flat[i + 5], flat[i + 6]))
-                     for i in range(0, len(flat) - FIELDS + 1, FIELDS)]
+    out["events"] = [(*what, start + delta, end + delta, thread, _args(a0, a1, a2))
+                     for what, start, end, thread, a0, a1, a2 in events]
     out["dropped"] = dropped
-    numbers = set(flat[3::FIELDS])
+    numbers = {e[3] for e in events}
     out["threads"] = {t: _thread_names.get(t, (f"thread {t}",))[0] for t in numbers}
     if drain:
-        _forget_ended_threads(set(list(_events)[3::FIELDS]))
+        _forget_ended_threads({e[3] for e in list(_events)})
     return out
 
 
 def reset() -> None:
     """Forget every event (tests; a released MPI rank starting a new worker)."""
     global _dropped
-    _events.clear()
-    _dropped = 0
+    with _lock:
+        _events.clear()
+        _dropped = 0

@@ -12,7 +12,7 @@ import functools
 import itertools
 
 from . import recorder as _recorder
-from .recorder import _local, clock, note_dropped, note_thread, record, what
+from .recorder import _local, clock, note_dropped, record, what
 
 #: names of control calls that must not show up as the user's work
 _CONTROL_PREFIX = "_rlinf_trace"
@@ -151,14 +151,15 @@ def _timer(fn):
 # The spans are recorded where the bytes move (the communicator's send and receive on a
 # link), in the thread that moves them: the caller's for a blocking operation, the pair's
 # runner thread for ``async_op=True``.  Their args are scalars (peer name, bytes, transport,
-# error), named at dump time (``recorder.ARG_NAMES``): recording them allocates nothing the
-# garbage collector tracks (see recorder.py).
+# error), named at dump time (``recorder.ARG_NAMES``): an event tuple of them is one the
+# garbage collector stops tracking at its first pass (see recorder.py).
 #
 # These two run on every traced message, so their success path does what ``record`` does
-# written out, with no call but the clock's: on a small round trip, each Python call there
-# costs several times what it costs in a loop (caches are cold between messages).  The buffer
-# is looked up when the event is recorded, not held by the wrapper: a drain replaces it, and an
-# operation in flight across a drain belongs in the new one.
+# written out, in as few steps as it takes: on a small round trip, each step there costs
+# several times what it costs in a loop (caches are cold between messages; a test or a global
+# lookup dropped from each of the four events of a round trip shows in its time).  They hold
+# the buffer and its ``append``: a drain empties it in place, and it is replaced only while
+# tracing is off (``recorder.enable``), before the wrappers are made.
 def _nbytes(frames) -> int:
     total = 0
     for f in frames:
@@ -171,6 +172,9 @@ _SEND, _SEND_TENSOR, _RECV = what("X", "send", "p2p"), what("X", "send_tensor", 
 
 
 def _p2p_send(fn):
+    events = _recorder._events
+    append, capacity = events.append, events.maxlen
+
     @functools.wraps(fn)
     def traced_send_frames(self, peer, transport, frames, deadline, raw=False):
         start = clock()
@@ -180,25 +184,21 @@ def _p2p_send(fn):
             record("X", "send_tensor" if raw else "send", "p2p", start, clock(), peer._name,
                    _nbytes(frames[1:] if raw else frames), transport, type(exc).__name__)
             raise
-        end = clock()
-        try:
-            thread = _local.thread
-        except AttributeError:  # the thread's first event
-            thread = note_thread()
-        events = _recorder._events  # looked up now: a drain may have replaced it while the send ran
-        if len(events) == _recorder._capacity:
+        if len(events) == capacity:
             note_dropped()
         if raw:
-            events.extend((_SEND_TENSOR, start, end, thread, peer._name, _nbytes(frames[1:]), transport))
+            append((_SEND_TENSOR, start, clock(), _local.thread, peer._name, _nbytes(frames[1:]), transport))
         else:  # a small object is its header (bytes) alone
-            events.extend((_SEND, start, end, thread, peer._name,
-                           len(frames[0]) if len(frames) == 1 and type(frames[0]) is bytes else _nbytes(frames),
-                           transport))
+            append((_SEND, start, clock(), _local.thread, peer._name,
+                    len(frames[0]) if len(frames) == 1 and type(frames[0]) is bytes else _nbytes(frames), transport))
 
     return traced_send_frames
 
 
 def _p2p_recv(fn):
+    events = _recorder._events
+    append, capacity = events.append, events.maxlen
+
     @functools.wraps(fn)
     def traced_receive(self, peer, transport, deadline, read):
         start = clock()
@@ -208,18 +208,11 @@ def _p2p_recv(fn):
             record("X", "recv", "p2p", start, clock(), peer._name, None, transport, type(exc).__name__)
             raise
         if type(result) is tuple:  # (raw, frames) of a recv; recv_tensor's read returns a flag (recorded there)
-            end = clock()
-            try:
-                thread = _local.thread
-            except AttributeError:
-                thread = note_thread()
-            events = _recorder._events
-            if len(events) == _recorder._capacity:
+            if len(events) == capacity:
                 note_dropped()
             frames = result[1]
-            events.extend((_RECV, start, end, thread, peer._name,
-                           len(frames[0]) if len(frames) == 1 and type(frames[0]) is bytearray else _nbytes(frames),
-                           transport))
+            append((_RECV, start, clock(), _local.thread, peer._name,
+                    len(frames[0]) if len(frames) == 1 and type(frames[0]) is bytearray else _nbytes(frames), transport))
         return result
 
     return traced_receive
