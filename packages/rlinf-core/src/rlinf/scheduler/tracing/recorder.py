@@ -10,17 +10,18 @@ clock with the offset it measured.
 
 An event is one tuple ``(what, start_ns, end_ns, thread, a0, a1, a2)``:
 ``what`` is a shared ``(phase, name, category)`` tuple, ``thread`` the
-number of the recording thread, one int object per thread (``note_thread``),
+number of the recording thread, one int object per thread (``_local``),
 and ``a0`` is a dict of arguments (or None), or ``a0..a2`` are the peer,
 bytes and transport of a p2p event (the transport paired with the error as a
 tuple when it failed; ``ARG_NAMES``).  One ``append`` of one tuple is the
 cheapest record CPython offers: writing the same values as seven slots of
-the buffer cost a small p2p round trip about 4% more (measured in place).
+the buffer cost a small p2p round trip about 2% more (measured in place).
 A tuple is an object the garbage collector tracks, but one that holds only
-strings, numbers and untracked tuples (every p2p event, every ``what``) is
-untracked by the first young collection that sees it, so a long buffer does
-not slow later collections; only events carrying a dict of arguments (group
-calls, channel operations, a few per call) stay tracked.
+strings, numbers and untracked tuples (a p2p event that succeeded, a
+``what``) is untracked by the first young collection that sees it, so a long
+buffer does not slow later collections; a failed p2p event is untracked by
+a later one, and only events carrying a dict of arguments (group calls,
+channel operations, a few per call) stay tracked.
 ``phase`` is ``"X"`` (a span on its thread), ``"A"`` (an asynchronous span:
 it may overlap others on its thread, shown on a track of its own) or ``"i"``
 (an instant).  ``dump`` returns ``(phase, name, category, start, end, thread,
@@ -48,6 +49,9 @@ clock = time.perf_counter_ns
 
 _capacity = DEFAULT_MAX_EVENTS  # the buffer's maxlen
 _events: collections.deque = collections.deque(maxlen=_capacity)
+#: buffers replaced by a new size (``enable``): a p2p wrapper made before, for an operation in flight
+#: across the switch, still appends to its buffer, so they are drained with this one
+_retired: collections.deque = collections.deque(maxlen=8)
 _dropped = 0  # events that gave way to newer ones since the buffer was last drained
 _thread_numbers = itertools.count(1)  # unique per thread for the process's life: system thread ids are reused
 _thread_names: dict = {}  # thread number -> (name, weak reference to the thread), for its track
@@ -61,19 +65,31 @@ _lock = threading.Lock()
 class _ThreadNumber(threading.local):
     """``_local.thread``: the calling thread's number, the one int object its events hold.
 
-    Taken, and named for the thread's track, the first time a thread reads it (``threading.local``
-    runs ``__init__`` once per thread), so recording code reads it with no test.  A number, not the
-    system's thread id: an id is handed to the next thread once one ends, and the trace would put
-    both threads' events on one track under one name."""
+    Taken, and named for the thread's track, the first time a thread reads it (``__getattr__``
+    runs only while the thread has none), so recording code reads it with no test.  A number, not
+    the system's thread id: an id is handed to the next thread once one ends, and the trace would
+    put both threads' events on one track under one name."""
 
-    def __init__(self):
+    def __getattr__(self, name):
+        if name != "thread":
+            raise AttributeError(name)
         number = next(_thread_numbers)
         thread = threading.current_thread()
         _thread_names[number] = (thread.name, weakref.ref(thread))
         self.thread = number
+        return number
 
 
 _local = _ThreadNumber()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread held the lock (a drain, say) gets a free one."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def is_on() -> bool:
@@ -101,7 +117,10 @@ def enable() -> bool:
             return False
         size = _max_events()
         if _events.maxlen != size:  # only here, while off: the wrappers installed below hold the buffer
-            _events = collections.deque(_events, maxlen=size)
+            old, _events = _events, collections.deque(maxlen=size)
+            for _ in range(len(old)):  # moved one by one: what a late wrapper appends stays in ``old``
+                _events.append(old.popleft())
+            _retired.append(old)
             _capacity = size
         _delta_ns = time.time_ns() - clock()
         from . import hooks, wrappers
@@ -211,16 +230,18 @@ def dump(drain: bool) -> dict:
     global _dropped
     delta = _delta_ns
     if drain:
-        # popped, not replaced: the recording wrappers hold this buffer.  Its length only grows while
+        # popped, not replaced: the recording wrappers hold the buffer.  Its length only grows while
         # this runs (a full buffer drops one event for each it takes), so every pop finds one, and an
         # event appended meanwhile is in this dump or stays for the next
         with _lock:
             dropped, _dropped = _dropped, 0
-            popleft = _events.popleft
-            events = [popleft() for _ in range(len(_events))]
+            events = []
+            for buffer in (*_retired, _events):
+                popleft = buffer.popleft
+                events += [popleft() for _ in range(len(buffer))]
     else:
         dropped = _dropped
-        events = list(_events)
+        events = [e for buffer in (*_retired, _events) for e in list(buffer)]
     out = identity()
     out["events"] = [(*what, start + delta, end + delta, thread, _args(a0, a1, a2))
                      for what, start, end, thread, a0, a1, a2 in events]
@@ -228,7 +249,7 @@ def dump(drain: bool) -> dict:
     numbers = {e[3] for e in events}
     out["threads"] = {t: _thread_names.get(t, (f"thread {t}",))[0] for t in numbers}
     if drain:
-        _forget_ended_threads({e[3] for e in list(_events)})
+        _forget_ended_threads({e[3] for buffer in (*_retired, _events) for e in list(buffer)})
     return out
 
 
@@ -237,4 +258,5 @@ def reset() -> None:
     global _dropped
     with _lock:
         _events.clear()
+        _retired.clear()
         _dropped = 0

@@ -159,7 +159,8 @@ def _timer(fn):
 # several times what it costs in a loop (caches are cold between messages; a test or a global
 # lookup dropped from each of the four events of a round trip shows in its time).  They hold
 # the buffer and its ``append``: a drain empties it in place, and it is replaced only while
-# tracing is off (``recorder.enable``), before the wrappers are made.
+# tracing is off (``recorder.enable``, at a new size), before new wrappers are made; a drain
+# also empties the buffers it replaced, where an operation in flight across the switch records.
 def _nbytes(frames) -> int:
     total = 0
     for f in frames:
