@@ -293,9 +293,10 @@ class _FakeLink:
         return False, [bytearray(6)]
 
 
-def test_p2p_events_in_flight_across_a_drain_are_in_the_next_dump():
-    """A drain empties the buffer while tracing stays on: an operation that started before it and
-    ends after it is in the next dump, and so is every later one; the thread is named."""
+@pytest.fixture
+def fake_link():
+    """``_FakeLink``'s methods marked as p2p hook points and tracing on; the peer to name.
+    Everything is put back after."""
     import threading
 
     from rlinf.scheduler.address import WorkerAddress
@@ -303,62 +304,56 @@ def test_p2p_events_in_flight_across_a_drain_are_in_the_next_dump():
     marks = [(_FakeLink.send_frames, "p2p_send"), (_FakeLink.receive, "p2p_recv")]
     hooks._points.extend(marks)
     _FakeLink.release = threading.Event()
-    peer = WorkerAddress("g", 1)
     assert not recorder.is_on()
     recorder.enable()
     try:
-        _FakeLink().send_frames(peer, "cpu", [b"one"], None)
-        waiting = threading.Thread(target=_FakeLink().receive, args=(peer, "cpu", None, None), name="in-flight")
-        waiting.start()
-        first = recorder.dump(drain=True)
-        _FakeLink.release.set()
-        waiting.join(10)
-        _FakeLink().send_frames(peer, "cpu", [b"two!"], None)
-        second = recorder.dump(drain=True)
+        yield WorkerAddress("g", 1)
     finally:
         recorder.disable()
         recorder.reset()
         for mark in marks:
             hooks._points.remove(mark)
-    assert [(e[1], e[6]["bytes"]) for e in first["events"]] == [("send", 3)]
-    assert [(e[1], e[6]["bytes"]) for e in second["events"]] == [("recv", 6), ("send", 4)]
-    assert second["threads"][second["events"][0][5]] == "in-flight"
     assert _FakeLink.send_frames is marks[0][0] and _FakeLink.receive is marks[1][0]
 
 
-def test_a_p2p_event_in_flight_while_the_buffer_is_resized_is_in_the_next_dump(monkeypatch):
+def test_p2p_events_in_flight_across_a_drain_are_in_the_next_dump(fake_link):
+    """A drain empties the buffer while tracing stays on: an operation that started before it and
+    ends after it is in the next dump, and so is every later one; the thread is named."""
+    import threading
+
+    peer = fake_link
+    _FakeLink().send_frames(peer, "cpu", [b"one"], None)
+    waiting = threading.Thread(target=_FakeLink().receive, args=(peer, "cpu", None, None), name="in-flight")
+    waiting.start()
+    first = recorder.dump(drain=True)
+    _FakeLink.release.set()
+    waiting.join(10)
+    _FakeLink().send_frames(peer, "cpu", [b"two!"], None)
+    second = recorder.dump(drain=True)
+    assert [(e[1], e[6]["bytes"]) for e in first["events"]] == [("send", 3)]
+    assert [(e[1], e[6]["bytes"]) for e in second["events"]] == [("recv", 6), ("send", 4)]
+    assert second["threads"][second["events"][0][5]] == "in-flight"
+
+
+def test_a_p2p_event_in_flight_while_the_buffer_is_resized_is_in_the_next_dump(fake_link, monkeypatch):
     """Tracing switched off and on again at a new ``RLINF_TRACE_MAX_EVENTS`` gets a new buffer; an
     operation in flight across the switch records into the one its wrapper holds, and the next
     drain takes it from there."""
     import threading
 
-    from rlinf.scheduler.address import WorkerAddress
-
-    marks = [(_FakeLink.send_frames, "p2p_send"), (_FakeLink.receive, "p2p_recv")]
-    hooks._points.extend(marks)
-    _FakeLink.release = threading.Event()
-    peer = WorkerAddress("g", 1)
-    assert not recorder.is_on()
+    peer = fake_link
+    _FakeLink().send_frames(peer, "cpu", [b"one"], None)
+    waiting = threading.Thread(target=_FakeLink().receive, args=(peer, "cpu", None, None))
+    waiting.start()
+    recorder.disable()
+    monkeypatch.setenv(recorder.MAX_EVENTS_ENV, "1000")
     recorder.enable()
-    try:
-        _FakeLink().send_frames(peer, "cpu", [b"one"], None)
-        waiting = threading.Thread(target=_FakeLink().receive, args=(peer, "cpu", None, None))
-        waiting.start()
-        recorder.disable()
-        monkeypatch.setenv(recorder.MAX_EVENTS_ENV, "1000")
-        recorder.enable()
-        assert recorder._events.maxlen == 1000
-        _FakeLink.release.set()
-        waiting.join(10)
-        _FakeLink().send_frames(peer, "cpu", [b"two!"], None)
-        mine = recorder.dump(drain=True)
-        assert recorder.dump(drain=True)["events"] == []
-    finally:
-        recorder.disable()
-        recorder.reset()
-        monkeypatch.delenv(recorder.MAX_EVENTS_ENV)
-        for mark in marks:
-            hooks._points.remove(mark)
+    assert recorder._events.maxlen == 1000
+    _FakeLink.release.set()
+    waiting.join(10)
+    _FakeLink().send_frames(peer, "cpu", [b"two!"], None)
+    mine = recorder.dump(drain=True)
+    assert recorder.dump(drain=True)["events"] == []
     assert sorted((e[1], e[6]["bytes"]) for e in mine["events"]) == [("recv", 6), ("send", 3), ("send", 4)]
 
 
