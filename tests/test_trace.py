@@ -375,6 +375,26 @@ def test_each_event_is_named_for_the_thread_that_recorded_it():
     assert [mine["threads"][e[5]] for e in mine["events"]] == [f"worker-{i}" for i in range(4)]
 
 
+def test_a_thread_renamed_after_its_first_event_shows_its_new_name():
+    """Names are read when events are dumped: a thread named after it started recording (the
+    importing thread was numbered at import) is shown under the name it has then."""
+    import threading
+
+    me = threading.current_thread()
+    old = me.name
+    assert not recorder.is_on()
+    recorder.enable()
+    try:
+        recorder.record("i", "before", "timer", 1, 1)
+        me.name = "renamed-later"
+        mine = recorder.dump(drain=True)
+    finally:
+        me.name = old
+        recorder.disable()
+        recorder.reset()
+    assert [mine["threads"][e[5]] for e in mine["events"]] == ["renamed-later"]
+
+
 def test_bad_trace_paths_are_refused_before_anything_starts(cluster, tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         cluster.trace(tmp_path / "missing" / "t.json")
@@ -435,3 +455,4 @@ def test_env_var_trace_under_mpiexec(tmp_path):
     assert send["ts"] <= recv["ts"] + recv["dur"]
     driver = next(pid for label, pid in procs.items() if label.startswith("driver @ "))
     assert [e["name"] for e in _events(trace, driver, "b")] == ["mpitrace.bounce"]
+
