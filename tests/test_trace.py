@@ -146,6 +146,12 @@ def test_two_groups_p2p_and_a_channel_on_one_timeline(cluster, pair, tmp_path):
     assert _one(p_ev, "send_tensor")["args"]["bytes"] == TENSOR_BYTES
     assert _one(c_ev, "recv_tensor")["args"] == {"peer": f"{prod}:0", "bytes": TENSOR_BYTES, "transport": "cpu"}
     assert _one(p_ev, "broadcast")["args"]["src"] is None and _one(c_ev, "broadcast")
+    # the broadcast's own links: the hand-over and the take, inside the broadcast's spans
+    feed, take = _one(p_ev, "broadcast send"), _one(c_ev, "broadcast recv")
+    assert feed["args"]["peer"] == f"{cons}:0" and take["args"]["peer"] == f"{prod}:0"
+    assert feed["args"]["bytes"] == take["args"]["bytes"] > 0 and feed["args"]["transport"] == "cpu"
+    outer = _one(c_ev, "broadcast")
+    assert outer["ts"] <= take["ts"] and take["ts"] + take["dur"] <= outer["ts"] + outer["dur"] + 1
     async_sends = [e for e in _events(trace, procs[f"{prod}:0 @ node 0"], "b") if e["name"] == "send (async)"]
     assert len(async_sends) == 1 and {e["args"]["peer"] for e in async_sends} == {f"{cons}:0"}
     assert _one(p_ev, "send_tensor")["ts"] <= produce["ts"] + produce["dur"]

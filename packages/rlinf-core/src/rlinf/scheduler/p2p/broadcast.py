@@ -77,6 +77,7 @@ from typing import Any, Optional
 
 from ..errors import CommTimeoutError, CommunicationError, PeerDiedError
 from ..security import HandshakeError
+from ..tracing.hooks import hook
 from . import codec, device_routing
 from .async_work import AsyncWork
 from .ordering import SerialRunner, Turnstile
@@ -640,9 +641,10 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
     offsets, total = _layout(meta["sizes"])
     meta["chunk"] = _chunk_for(total, sum(1 for r in members if r != src and parent[r.get_name()] != src) + 1)
     meta_bytes = _dumps(meta)
+    nbytes = len(meta["header"]) + total  # the payload, as a point-to-point send counts it
     shm_children = [c for c in children if c.link is not None and getattr(c.link, "local", False)]
     stream_children = [c for c in children if c.link is not None and c not in shm_children]
-    threads = [threading.Thread(target=_stream, args=(c, meta_bytes, buffers, meta["chunk"], deadline),
+    threads = [threading.Thread(target=_feed, args=(c, meta_bytes, buffers, nbytes, meta["chunk"], None, deadline),
                                 name="rlinf-broadcast-send", daemon=True) for c in stream_children]
     for t in threads:
         t.start()
@@ -659,7 +661,7 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
             shm_meta = _dumps({**meta, "segment": DATA_OFFSET + seg.capacity, "token": seg.token, "uid": seg.uid,
                                "readers": len(shm_children)})
             for c in shm_children:
-                c.send_fds([shm_meta], [seg.fd], deadline)
+                _feed(c, shm_meta, buffers, nbytes, meta["chunk"], seg.fd, deadline)
         for c in shm_children:
             errors += c.acknowledgement(deadline)
         if seg is not None:  # never rewritten while a receiver may still read it or holds views of it
@@ -668,7 +670,7 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
             seg = None
             comm._start_housekeeping()  # trims the pool once broadcasts stop
         for t in threads:
-            t.join()  # bounded: every send in _stream has the deadline
+            t.join()  # bounded: every send in _feed has the deadline
         for c in children:
             if c not in shm_children:
                 errors += c.acknowledgement(deadline)
@@ -682,7 +684,14 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
     return obj
 
 
-def _stream(child: _Child, meta_bytes: bytes, buffers: list, chunk: int, deadline: float) -> None:
+@hook("broadcast_feed")
+def _feed(child: _Child, meta_bytes: bytes, buffers: list, nbytes: int, chunk: int, fd: Optional[int],
+          deadline: float) -> None:
+    """Give ``child`` the payload (``nbytes``: header and buffers): the segment it was written to (``fd``, a receiver on
+    this host), or the stream of its chunks.  Failures stay on the child (``_Child.error``)."""
+    if fd is not None:
+        child.send_fds([meta_bytes], [fd], deadline)
+        return
     child.send([meta_bytes], deadline)
     for b in buffers:
         for pos in range(0, b.nbytes, chunk):
@@ -770,6 +779,7 @@ def _receive(comm, state: _State, me_addr, members, src, parent, child_of, out, 
     return result
 
 
+@hook("broadcast_take")
 def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, deadline: float, state: _State,
                      feeder: str, share_memory: bool = False):
     """Fill the destination from shared memory or from the stream; ``(result, refusal, kept)``.

@@ -284,6 +284,49 @@ def _broadcast(fn):
     return traced_broadcast
 
 
+# The parts of a ``cpu`` broadcast (broadcast.py) that move its payload, on their own links:
+# inside the broadcast's span, a source's hand-over to each receiver it feeds, and a receiver's
+# take from its feeder (a relay in a chain passes each chunk on as it takes it: its send spans
+# its take).  Peer, bytes (the whole payload) and transport, as for point-to-point spans.
+def _child_error(child):
+    return child.error["kind"] if child is not None and child.error else None
+
+
+def _broadcast_feed(fn):
+    @functools.wraps(fn)
+    def traced_feed(child, meta_bytes, buffers, nbytes, chunk, fd, deadline):
+        start = clock()
+        try:
+            return fn(child, meta_bytes, buffers, nbytes, chunk, fd, deadline)
+        finally:
+            record("X", "broadcast send", "p2p", start, clock(), child.name, nbytes, "cpu", _child_error(child))
+
+    return traced_feed
+
+
+def _broadcast_take(fn):
+    @functools.wraps(fn)
+    def traced_take(link, meta, child, out, me, deadline, state, feeder, share_memory=False):
+        start = clock()
+        error = None
+        try:
+            result = fn(link, meta, child, out, me, deadline, state, feeder, share_memory)
+            if result[1] is not None:  # refused (``out`` does not fit): the payload was still relayed
+                error = type(result[1]).__name__
+            return result
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            end = clock()
+            nbytes = len(meta["header"]) + sum(meta["sizes"])
+            record("X", "broadcast recv", "p2p", start, end, feeder, nbytes, "cpu", error)
+            if child is not None and "segment" not in meta:
+                record("X", "broadcast send", "p2p", start, end, child.name, nbytes, "cpu", _child_error(child))
+
+    return traced_take
+
+
 # -- channels ----------------------------------------------------------------------------------
 def _channel(fn):
     key_at, async_at = _CHANNEL_ARGS[fn.__name__]
@@ -324,6 +367,8 @@ _FACTORIES = {
     "p2p_recv_tensor": _p2p_recv_tensor,
     "p2p_async": _p2p_async,
     "broadcast": _broadcast,
+    "broadcast_feed": _broadcast_feed,
+    "broadcast_take": _broadcast_take,
     "channel": _channel,
 }
 
