@@ -408,6 +408,30 @@ def test_bad_trace_paths_are_refused_before_anything_starts(cluster, tmp_path):
         cluster.trace(3)
     with pytest.raises(IsADirectoryError):
         cluster.trace(tmp_path)
+    with pytest.raises(PermissionError, match="cannot create a file in '/proc'"):  # root may write anywhere else
+        cluster.trace("/proc/t.json")
+    assert not recorder.is_on()
+
+
+def test_a_trace_whose_folder_went_away_is_written_elsewhere_not_lost(cluster, pair, tmp_path):
+    """The folder passed the check at ``trace()`` and was removed before the block ended: the events,
+    drained already, go to a file in the temporary folder, and the error says where."""
+    from rlinf.scheduler.tracing.export import TraceWriteError
+
+    producers, _, _ = pair
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    with pytest.raises(TraceWriteError, match="it was written to") as caught:
+        with cluster.trace(folder / "t.json"):
+            producers.tracing_state().wait()
+            folder.rmdir()
+    saved = caught.value.saved
+    try:
+        names = {e["name"] for e in _load(saved)["traceEvents"]}
+        assert "tracing_state" in names or f"{producers.worker_group_name}.tracing_state" in names
+        assert os.stat(saved).st_mode & 0o077 == 0
+    finally:
+        os.unlink(saved)
     assert not recorder.is_on()
 
 

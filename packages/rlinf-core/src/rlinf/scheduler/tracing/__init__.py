@@ -38,6 +38,13 @@ def check_path(path) -> str:
         raise FileNotFoundError(f"cannot write the trace to {path!r}: folder {folder!r} does not exist")
     if os.path.isdir(path):
         raise IsADirectoryError(f"cannot write the trace to {path!r}: it is a folder")
+    from . import export
+
+    try:  # what the write will do (a file of its own in the folder, then renamed): permissions
+        export.probe_folder(folder)  # alone do not say it (root, read-only mounts, /proc)
+    except OSError as exc:
+        raise PermissionError(f"cannot write the trace to {path!r}: cannot create a file in {folder!r} "
+                              f"({type(exc).__name__}: {exc})") from None
     return path
 
 
@@ -96,11 +103,21 @@ def _write_at_exit(path: str) -> None:
 
 
 def write_snapshot(session, path: str, drain: bool) -> str:
-    """Gather every process's events (bounded) and write them to ``path``."""
+    """Gather every process's events (bounded) and write them to ``path``.
+
+    If ``path`` cannot be written now (its folder was removed or made read-only since the check), the
+    events, drained already, are not lost: they go to a file in the temporary folder, and the
+    ``TraceWriteError`` raised names it."""
     from . import collect, export
 
     dumps, notes = collect.snapshot(session, drain)
-    return export.write(path, export.chrome_trace(dumps, notes))
+    trace = export.chrome_trace(dumps, notes)
+    try:
+        return export.write(path, trace)
+    except OSError as exc:
+        saved = export.write_elsewhere(trace)
+        raise export.TraceWriteError(f"could not write the trace to {path!r} ({type(exc).__name__}: {exc}); "
+                                     f"it was written to {saved!r} instead", saved) from exc
 
 
 class TraceBlock:

@@ -75,6 +75,29 @@ def chrome_trace(dumps: list, notes: Optional[list] = None) -> dict:
     }
 
 
+class TraceWriteError(OSError):
+    """The trace could not be written where asked; ``saved`` is where it was written instead."""
+
+    def __init__(self, message: str, saved: str):
+        super().__init__(message)
+        self.saved = saved
+
+
+def probe_folder(folder: str) -> None:
+    """Raise ``OSError`` unless a file can be created (and removed) in ``folder``, as ``write`` does."""
+    fd, tmp = tempfile.mkstemp(prefix=".rlinf-trace-", suffix=".json", dir=folder)
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def write_elsewhere(trace: dict) -> str:
+    """Write ``trace`` to a new file in the temporary folder (readable by its owner only); returns its path."""
+    fd, path = tempfile.mkstemp(prefix="rlinf-trace-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(trace, f, separators=(",", ":"))
+    return path
+
+
 def write(path, trace: dict) -> str:
     """Write ``trace`` to ``path`` atomically (a reader never sees half a file); returns the path."""
     path = os.fspath(path)
