@@ -82,15 +82,10 @@ def test_launch_that_waits_for_resources_says_so(cluster, launch, capsys, monkey
     assert lines[-1].startswith("[rlinf] group progress_waits: 1 worker(s) started after"), err
 
 
-def test_progress_is_one_line_on_a_terminal(monkeypatch):
-    monkeypatch.setenv("RLINF_PROGRESS_AFTER", "0")
-    master, slave = os.openpty()
-    with open(slave, "w") as tty, Progress(tty) as line:
-        for i in range(3):
-            line.update(f"waiting for {i} of 3")
-            time.sleep(0.3)  # longer than the redraw interval
+def _drain(master: int) -> str:
+    """Everything written to the terminal so far (bounded waits); closes its master side."""
     out = b""
-    while select.select([master], [], [], 0.5)[0]:  # everything written so far
+    while select.select([master], [], [], 0.5)[0]:
         try:
             chunk = os.read(master, 4096)
         except OSError:  # EIO: the terminal's other end is closed and drained
@@ -98,10 +93,41 @@ def test_progress_is_one_line_on_a_terminal(monkeypatch):
         if not chunk:
             break
         out += chunk
-    out = out.decode()
     os.close(master)
+    return out.decode()
+
+
+def test_progress_is_one_line_on_a_terminal(monkeypatch):
+    monkeypatch.setenv("RLINF_PROGRESS_AFTER", "0")
+    master, slave = os.openpty()
+    with open(slave, "w") as tty, Progress(tty) as line:
+        for i in range(3):
+            line.update(f"waiting for {i} of 3")
+            time.sleep(0.3)  # longer than the redraw interval
+    out = _drain(master)
     assert "\n" not in out and out.count("\r") >= 4, repr(out)  # rewritten in place, then cleared
     assert "waiting for 2 of 3" in out and out.endswith("\r")
+
+
+def test_progress_line_fits_a_narrow_terminal(monkeypatch):
+    """A line longer than the terminal is wide would wrap, and ``\\r`` would rewrite only its last
+    row: it is cut to the width, keeping the elapsed time."""
+    import fcntl
+    import struct
+    import termios
+
+    monkeypatch.setenv("RLINF_PROGRESS_AFTER", "0")
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 40, 0, 0))
+    with open(slave, "w") as tty, Progress(tty) as line:
+        for i in range(2):
+            line.update(f"waiting for resources {{'GPU': 8.0, 'CPU': 4.0}} of node {i}: 3 of 64 worker(s) started")
+            time.sleep(0.3)
+    shown = [part for part in _drain(master).split("\r") if part.strip()]
+    assert len(shown) == 2, shown
+    for part in shown:
+        assert len(part) <= 39 and part.startswith("[rlinf] waiting") and part.rstrip().endswith("s)"), part
+        assert "..." in part
 
 
 def test_progress_stays_quiet_for_short_waits(monkeypatch, capsys):

@@ -2,8 +2,9 @@
 
 A wait that outlasts ``RLINF_PROGRESS_AFTER`` seconds (default 5; a negative
 value turns progress off) starts reporting on stderr: on a terminal as one
-line rewritten in place (``\\r``) and cleared when the wait ends; otherwise
-(a log file, a pipe) as plain lines, at most one every
+line rewritten in place (``\\r``), cut to the terminal's width (a longer line
+would wrap, and ``\\r`` rewrite only its last row), and cleared when the
+wait ends; otherwise (a log file, a pipe) as plain lines, at most one every
 ``RLINF_PROGRESS_EVERY`` seconds (default 10), and a last line when it ends.
 The waiting code calls ``update(text)`` as often as it likes; nothing runs in
 the background.
@@ -11,6 +12,7 @@ the background.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Optional, TextIO
@@ -58,10 +60,22 @@ class Progress:
         self._write(text)
         self._shown = now
 
+    def _columns(self) -> int:
+        """The terminal's width now (it may have been resized); 80 if it cannot say."""
+        try:
+            return os.get_terminal_size(self._stream.fileno()).columns or 80
+        except (AttributeError, ValueError, OSError):
+            return 80
+
     def _write(self, text: str) -> None:
-        line = f"[rlinf] {text} ({self.elapsed:.0f} s)"
+        suffix = f" ({self.elapsed:.0f} s)"
+        line = f"[rlinf] {text}{suffix}"
         try:
             if self._tty:
+                fits = max(20, self._columns() - 1)  # the last column would wrap on some terminals
+                if len(line) > fits:
+                    line = line[: max(0, fits - len(suffix) - 3)] + "..." + suffix
+                    line = line[:fits]
                 self._stream.write("\r" + line.ljust(self._width))
                 self._width = len(line)
             else:
