@@ -135,7 +135,7 @@ def test_group_helpers_keep_their_names_when_the_worker_does_not_define_them(clu
     g = Plain.create_group().launch(cluster, NodePlacementStrategy([0, 0]), name=_name("plain"))
     assert g.world_size == 2 and g.ping().wait() == [0, 1]
     g.stop()
-    with pytest.raises(RuntimeError, match="not launched"):
+    with pytest.raises(RuntimeError, match="not launched any more: it was stopped"):
         g.ping()
 
 

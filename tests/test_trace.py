@@ -435,6 +435,50 @@ def test_a_trace_whose_folder_went_away_is_written_elsewhere_not_lost(cluster, p
     assert not recorder.is_on()
 
 
+class Napper(Worker):
+    def __init__(self):
+        super().__init__()
+
+    def nap(self, seconds: float):
+        time.sleep(seconds)
+        return True
+
+    def mark(self):
+        with self.worker_timer("after_nap"):
+            pass
+        return True
+
+    def recording(self):
+        return recorder.is_on()
+
+
+def test_a_busy_worker_is_waited_for_once_per_trace_and_records_once_free(cluster, tmp_path, monkeypatch):
+    """A worker busy in a long call cannot answer the trace's control calls: the block waits for the
+    first one only (``RLINF_TRACE_TIMEOUT``), notes the worker, and queues the stop behind it; once free,
+    the worker takes part in the next trace."""
+    monkeypatch.setenv(collect.COLLECT_TIMEOUT_ENV, "2")
+    g = Napper.create_group().launch(cluster, name=f"napper{uuid.uuid4().hex[:6]}")
+    try:
+        napping = g.nap(8)
+        start = time.monotonic()
+        with cluster.trace(tmp_path / "busy.json"):
+            pass
+        took = time.monotonic() - start
+        notes = _load(tmp_path / "busy.json")["otherData"]["rlinf"]["notes"]
+        assert any("no answer to trace start within 2 s" in n for n in notes), notes
+        assert any("still busy (no answer to trace start yet)" in n for n in notes), notes
+        assert took < 4.5, took  # one wait of 2 s, not one per control call (start, collect, stop)
+        assert napping.wait(timeout=30) == [True]
+        with cluster.trace(tmp_path / "after.json"):
+            assert g.mark().wait() == [True]
+        after = _load(tmp_path / "after.json")
+        assert "after_nap" in {e["name"] for e in after["traceEvents"]}
+        assert not after["otherData"]["rlinf"]["notes"]
+        assert g.recording().wait() == [False]  # the queued stop ran, and the second block's stop
+    finally:
+        g.stop()
+
+
 def test_clock_offset_of_a_worker_is_estimated_from_round_trips(cluster, pair):
     offset = collect._offset(cluster.session, pair[0]._handles[0], time.monotonic() + 30)
     assert offset is not None

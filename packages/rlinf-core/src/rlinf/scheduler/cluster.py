@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -26,6 +27,13 @@ from .tracing.hooks import hook
 
 _sessions: dict[str, LauncherSession] = {}
 _lock = threading.Lock()
+#: sessions ended by ``Cluster.shutdown`` (every cluster object sharing one sees it ended)
+_ended: "weakref.WeakSet[LauncherSession]" = weakref.WeakSet()
+
+
+def is_ended(session) -> bool:
+    """Whether ``session`` was shut down (its groups are gone with it)."""
+    return session in _ended
 
 #: seconds ``Cluster(num_nodes=N)`` waits for N nodes to join before it gives up
 NODE_WAIT_TIMEOUT_ENV = "RLINF_NODE_WAIT_TIMEOUT"
@@ -242,11 +250,17 @@ class Cluster:
     @hook("cluster_shutdown")
     def shutdown(self) -> None:
         """Stop every group this process launched and disconnect (an embedded cluster stops)."""
+        from .group import end_groups_of
+
         with _lock:
             for name, session in list(_sessions.items()):
                 if session is self._session:
                     del _sessions[name]
-        self._session.shutdown()
+        try:
+            self._session.shutdown()
+        finally:
+            _ended.add(self._session)
+            end_groups_of(self._session, "ended by cluster.shutdown()")
 
     def __repr__(self) -> str:
         return f"Cluster(launcher={self.launcher_name!r}, num_nodes={self.num_nodes}, num_accelerators={self.num_accelerators})"

@@ -48,6 +48,16 @@ def _primary_error(errors: list[WorkerError]) -> WorkerError:
 _launched: "weakref.WeakSet[WorkerGroup]" = weakref.WeakSet()
 
 
+def end_groups_of(session, why: str) -> None:
+    """The groups this process launched in ``session`` ended with it (``Cluster.shutdown``): calling one
+    says so, instead of reaching for processes that are gone."""
+    for group in list(_launched):
+        if group._session is session:
+            _launched.discard(group)
+            group._session = None
+            group._ended = why
+
+
 def stop_launched_groups() -> None:
     """Stop every group this process launched (its worker is being released)."""
     for group in list(_launched):
@@ -183,6 +193,7 @@ class WorkerGroup:
         self._handles: list = []
         self._records: list[WorkerRecord] = []
         self._name: Optional[str] = None
+        self._ended: Optional[str] = None  # why a launched group is not running any more
         self._selection: Optional[list[int]] = None
         self._cluster: Optional[Cluster] = None
 
@@ -291,6 +302,7 @@ class WorkerGroup:
             session.release_group(key)
             raise
         self._session, self._name, self._cluster = session, key, cluster
+        self._ended = None
         _launched.add(self)
         return self
 
@@ -385,6 +397,9 @@ class WorkerGroup:
 
     def _require_launched(self):
         if self._session is None:
+            if self._ended is not None:
+                raise RuntimeError(f"worker group {self._name!r} of {self._cls.__name__} is not launched any more: "
+                                   f"it was {self._ended}")
             raise RuntimeError(f"worker group of {self._cls.__name__} is not launched: call .launch(cluster) first")
 
     @hook("group_call")
@@ -432,6 +447,7 @@ class WorkerGroup:
         finally:
             self._session.release_group(self._name)
             self._session = None
+            self._ended = "stopped"
 
     def __repr__(self):
         state = f"{len(self._records)} workers" if self._session else "not launched"

@@ -149,7 +149,7 @@ class TraceBlock:
     def __exit__(self, *exc) -> None:
         from . import collect
 
-        session = self._cluster.session
+        session = _live(self._cluster.session)
         try:
             write_snapshot(session, self.path, drain=not self._was_on)
         finally:
@@ -167,4 +167,12 @@ def dump(cluster, path) -> str:
             "tracing is off: set RLINF_TRACE=path.json before the driver starts, or dump inside "
             "a `with cluster.trace(path):` block"
         )
-    return write_snapshot(cluster.session, path, drain=False)
+    return write_snapshot(_live(cluster.session), path, drain=False)
+
+
+def _live(session):
+    """``session``, or None once it was shut down: its groups' events were taken before it ended
+    (``collect.keep_all_before_shutdown``), and there is nobody left to ask."""
+    from ..cluster import is_ended
+
+    return None if session is None or is_ended(session) else session

@@ -38,6 +38,12 @@ CLOCK_SAMPLES = 5
 _kept: list = []
 #: what could not be collected, said in the trace
 _notes: list = []
+#: (group, rank) -> [(op, call), ...]: control calls a worker did not answer in time.  It is busy (or hung)
+#: in a call of its own, and another control call would only queue behind it and be waited for as long again
+_unanswered: dict = {}
+#: seconds all workers owing an earlier answer get, together, to give it before a control call skips them
+#: (one just freed runs its queued control calls within milliseconds)
+EARLIER_GRACE = 0.5
 
 
 def collect_timeout() -> float:
@@ -85,9 +91,9 @@ def _give_back_orphan_timings() -> None:
 
 
 def own_dumps(drain: bool) -> dict:
-    """This process's events and those it kept from groups it stopped, with its notes."""
+    """This process's events and those it kept from groups it stopped, with its notes (each once)."""
     dumps = [recorder.dump(drain)] + list(_kept)
-    notes = list(_notes)
+    notes = list(dict.fromkeys(_notes))
     if drain:
         _kept.clear()
         _notes.clear()
@@ -137,30 +143,35 @@ def _describe(name: str, rank: int, records: list) -> str:
 def _call_all(session, targets: dict, op: str, args: tuple, timeout: float) -> dict:
     """Run control ``op`` on every worker of ``targets`` at once; ``{(group, rank): value}`` of those that answered.
 
-    Bounded by ``timeout`` in all; every worker that did not answer is noted."""
+    Bounded by ``timeout`` in all; every worker that did not answer is noted.  A worker that has not
+    answered an earlier control call yet is not waited for again: ``stop`` is sent to it (it runs
+    after the earlier one), anything else is skipped with a note."""
     from ..launcher import CallOutcome, Died
 
     calls = []
+    owing = _still_owing(session, targets, op, args)
     for name, (handles, records) in targets.items():
         for rank, handle in enumerate(handles):
+            if (name, rank) in owing:
+                continue
             try:
                 calls.append((name, rank, records, session.submit(handle, CONTROL, args, {})))
             except Exception as exc:
-                _notes.append(f"{_describe(name, rank, records)}: trace {op} not sent: {type(exc).__name__}: {exc}")
+                _notes.append(f"{_describe(name, rank, records)}: not reachable ({type(exc).__name__}: {exc}); "
+                              f"its events are missing")
     deadline = time.monotonic() + timeout
     results = {}
     for name, rank, records, call in calls:
         who = _describe(name, rank, records)
         left = deadline - time.monotonic()
-        if left <= 0 and not call.done():
-            _notes.append(f"{who}: no answer to trace {op} within {timeout:g} s (busy in a long call?); "
-                          f"its events are missing")
-            continue
         try:
+            if left <= 0 and not call.done():
+                raise TimeoutError
             outcome = session.collect([call], max(left, 0.05))[0]
         except TimeoutError:
             _notes.append(f"{who}: no answer to trace {op} within {timeout:g} s (busy in a long call?); "
                           f"its events are missing")
+            _unanswered.setdefault((name, rank), []).append((op, call))
             continue
         except Exception as exc:
             _notes.append(f"{who}: trace {op} failed: {type(exc).__name__}: {exc}")
@@ -174,6 +185,51 @@ def _call_all(session, targets: dict, op: str, args: tuple, timeout: float) -> d
         else:
             results[(name, rank)] = outcome.value
     return results
+
+
+def _still_owing(session, targets: dict, op: str, args: tuple) -> set:
+    """The workers of ``targets`` that still owe an answer to an earlier control call: ``op`` is not
+    waited for there.  ``start`` and ``stop`` are sent to them anyway (a worker runs them in order, when
+    it gets to them); ``collect`` is skipped, with a note.  An earlier ``collect`` answered since is not
+    thrown away: it drained the worker's buffer, so its events are kept for this trace."""
+    owing = [(key, calls) for key, calls in _unanswered.items() if key[0] in targets]
+    if not owing:
+        return set()
+    grace_end = time.monotonic() + EARLIER_GRACE
+    while time.monotonic() < grace_end and not all(c.done() for _, calls in owing for _, c in calls):
+        time.sleep(0.01)
+    busy = set()
+    for key, calls in owing:
+        name, rank = key
+        handles, records = targets[name]
+        left = [(was, call) for was, call in calls if not call.done()]
+        for was, call in calls:
+            if was == "collect" and call.done():
+                _keep_late_answer(session, name, rank, handles, records, call)
+        if not left or rank >= len(handles):
+            del _unanswered[key]
+            continue
+        _unanswered[key] = left
+        busy.add(key)
+        if op in ("start", "stop"):
+            try:
+                left.append((op, session.submit(handles[rank], CONTROL, args, {})))
+            except Exception:
+                pass
+        else:
+            _notes.append(f"{_describe(name, rank, records)}: still busy (no answer to trace {left[0][0]} yet); "
+                          f"its events are missing")
+    return busy
+
+
+def _keep_late_answer(session, name: str, rank: int, handles: list, records: list, call) -> None:
+    try:
+        outcome = session.collect([call], 1.0)[0]
+        if getattr(outcome, "ok", False):
+            _kept.extend(_aligned(session, name, rank, handles, records, outcome.value,
+                                  time.monotonic() + collect_timeout()))
+    except Exception:  # it was noted missing already
+        pass
 
 
 def _offset(session, handle, deadline: float) -> Optional[int]:
@@ -212,16 +268,21 @@ def gather(session, targets: dict, drain: bool) -> list:
     dumps = []
     for (name, rank), answer in answers.items():
         handles, records = targets[name]
-        if answer["dumps"][0].get("boot") == recorder.boot_id():
-            offset = 0  # one machine, one kernel clock: exact, where a round-trip estimate would not be
-        else:
-            offset = _offset(session, handles[rank], deadline)
-        if offset is None:
-            _notes.append(f"{_describe(name, rank, records)}: its clock could not be read; its events are not aligned")
-            offset = 0
-        _notes.extend(answer.get("notes", ()))
-        dumps.extend(_shift(d, offset) for d in answer["dumps"])
+        dumps.extend(_aligned(session, name, rank, handles, records, answer, deadline))
     return dumps
+
+
+def _aligned(session, name: str, rank: int, handles: list, records: list, answer: dict, deadline: float) -> list:
+    """A worker's answer to ``collect``: its dumps on this process's clock (its notes go to ours)."""
+    if answer["dumps"][0].get("boot") == recorder.boot_id():
+        offset = 0  # one machine, one kernel clock: exact, where a round-trip estimate would not be
+    else:
+        offset = _offset(session, handles[rank], deadline)
+    if offset is None:
+        _notes.append(f"{_describe(name, rank, records)}: its clock could not be read; its events are not aligned")
+        offset = 0
+    _notes.extend(answer.get("notes", ()))
+    return [_shift(d, offset) for d in answer["dumps"]]
 
 
 def start_everywhere(session) -> None:
@@ -233,7 +294,8 @@ def start_everywhere(session) -> None:
 
 def stop_everywhere(session) -> None:
     os.environ.pop(RECORD_ENV, None)
-    _call_all(session, _targets(session), "stop", ("stop",), collect_timeout())
+    if session is not None:
+        _call_all(session, _targets(session), "stop", ("stop",), collect_timeout())
     _forget()
 
 
