@@ -148,6 +148,28 @@ def test_more_workers_than_ranks_is_an_error_before_anything_starts(tmp_path):
     assert took < 60 and not leftovers(path)
 
 
+def test_a_slow_launch_says_how_many_workers_started(tmp_path):
+    """A launch whose constructors take long reports them started out of total, as on Ray."""
+    path = program(tmp_path, """
+        import time
+        from rlinf.scheduler import Cluster, Worker
+
+        class Slow(Worker):
+            def __init__(self):
+                super().__init__()
+                time.sleep(3)
+
+            def hi(self):
+                return self._rank
+
+        print("RANKS", Slow.create_group().launch(Cluster(), name="slow").hi().wait())
+    """)
+    code, out, took = mpirun(2, [path], timeout=90, RLINF_PROGRESS_AFTER="1", RLINF_PROGRESS_EVERY="1")
+    assert code == 0, out
+    assert "[rlinf] group slow: 0 of 1 worker(s) started" in out, out
+    assert "[rlinf] group slow: 1 worker(s) started after" in out and "RANKS [0]" in out, out
+
+
 #: a program that kills one of its workers during a call and waits on that call
 KILLS_A_WORKER = """
         import os, signal, time

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 import cloudpickle
 
-from rlinf.scheduler import config, watch
+from rlinf.scheduler import config, progress, watch
 from rlinf.scheduler.errors import GroupNameError, LaunchError, WorkerError
 from rlinf.scheduler.launcher import CallOutcome, Died, Launcher, LauncherSession, PendingCall, Rejected, from_wire
 from rlinf.scheduler.placement import NodeInfo
@@ -27,6 +27,9 @@ from . import runtime
 from .coordinator import Coordinator
 from .service import RemoteError, rank_alive, service, wait_future
 from .slot import CallRejected
+
+#: seconds between looks at a launch's progress (for its line on the terminal)
+_PROGRESS_SLICE = 0.5
 
 log = logging.getLogger("rlinf.mpi")
 
@@ -174,6 +177,7 @@ class MpiSession(LauncherSession):
         deadline = time.monotonic() + timeout
         ranks = self._coordinator("allocate", (group, [s.node.node_rank for s in specs]))
         started: list[int] = []
+        line = progress.Progress()  # a constructor that takes long: say how many have started
         try:
             port = self._service.call(ranks[0], "reserve_port", None, timeout=timeout)
             futures = [self._service.request(r, "construct", (spec, payload, port), deadline) for r, spec in zip(ranks, specs)]
@@ -181,7 +185,8 @@ class MpiSession(LauncherSession):
             out = []
             for mpi_rank, spec, fut in zip(ranks, specs, futures):
                 try:
-                    generation, record = wait_future(fut, deadline, mpi_rank, "construct")
+                    generation, record = self._constructed(fut, deadline, mpi_rank, line,
+                                                           f"group {group}: {len(out)} of {len(specs)} worker(s) started")
                 except WorkerError:
                     raise
                 except TimeoutError:
@@ -195,10 +200,23 @@ class MpiSession(LauncherSession):
                 handle = MpiHandle(mpi_rank, spec.placement.rank, generation, group)
                 out.append((handle, record))
         except BaseException:
+            line.close()
             self._release_ranks(started, ranks)
             raise
+        line.close(f"group {group}: {len(specs)} worker(s) started")
         self._handles.extend(h for h, _ in out)
         return out
+
+    @staticmethod
+    def _constructed(fut, deadline: float, mpi_rank: int, line, waiting: str):
+        """The constructor's answer, waited for in slices that keep the progress line (``waiting``) current."""
+        while True:
+            line.update(waiting)
+            try:
+                return wait_future(fut, min(deadline, time.monotonic() + _PROGRESS_SLICE), mpi_rank, "construct")
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
 
     def _release_ranks(self, started: list[int], ranks: list[int]) -> None:
         """After a failed launch: every rank lets go of whatever it built; unused ranks are freed here."""
