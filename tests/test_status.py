@@ -229,3 +229,37 @@ def test_status_says_why_it_skips_the_file_of_a_job_gone_with_its_node(tmp_path,
     os.utime(stale)  # fresh again: listed (its workers then say whether they answer)
     found = mpi_status.running_groups(5)
     assert found is not None and "1 on deadhost" in found["address"] and found["notes"] == []
+
+
+def test_the_file_of_a_killed_job_whose_pid_was_reused_is_not_a_running_job(tmp_path, monkeypatch):
+    """A job killed with mpiexec leaves its file; once its rank 0's pid is another process's, the pid
+    alone would bring the job back.  The start time written beside it tells them apart, and rank 0 of
+    the next job removes the leftover."""
+    pytest.importorskip("rlinf.mpi")
+    import socket
+
+    from rlinf.mpi import status as mpi_status
+
+    directory = tmp_path / "status"
+    directory.mkdir(mode=0o700)
+    monkeypatch.setenv("RLINF_STATUS_DIR", str(directory))
+    host = socket.gethostname()
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        started = mpi_status._started(stranger.pid)
+        assert started is not None
+        group = {"name": "doomed", "class": "W", "workers": []}
+        reused = {"launcher": "mpi", "pid": stranger.pid, "host": host, "boot": mpi_status._boot(),
+                  "started": started - 1, "refresh": 30.0, "groups": [group]}
+        leftover = directory / f"mpi-{host}-{stranger.pid}.json"
+        leftover.write_text(json.dumps(reused))
+        assert mpi_status.running_groups(5) is None  # not a running job: nothing is listed
+        leftover.write_text(json.dumps(dict(reused, started=started)))  # the same process: it runs
+        assert [g.name for g in mpi_status.running_groups(5)["groups"]] == ["doomed"]
+        leftover.write_text(json.dumps(dict(reused, boot="an earlier boot")))
+        assert mpi_status.running_groups(5) is None
+        mpi_status._remove_leftovers(str(directory), host)
+        assert not leftover.exists()
+    finally:
+        stranger.kill()
+        stranger.wait(10)

@@ -7,7 +7,9 @@ released, touches it every ``RLINF_STATUS_REFRESH`` seconds (30) while the
 job runs, and removes it when the program ends.  The directory is the user's
 own (mode 0700, see ``rlinf.scheduler.status_dir``) and the file mode 0600:
 the workers' status tokens in it stay the user's.  A status process reads
-the files of jobs whose rank 0 still runs, if on this machine; a directory
+the files of jobs whose rank 0 still runs, if on this machine (its pid, and
+the process's start time, so that a pid reused since a job was killed does
+not bring that job back; rank 0 of a new job removes such leftovers); a directory
 on a filesystem the nodes share (``RLINF_STATUS_DIR``) also shows the jobs
 whose rank 0 runs on another one, whose pid cannot be checked from here:
 there a file not touched for ten of its job's refresh intervals is a job
@@ -77,15 +79,58 @@ def _worker(record) -> dict:
             "status": getattr(record, "status", None)}
 
 
+def _started(pid: int) -> Optional[int]:
+    """When process ``pid`` started (clock ticks since boot, ``/proc``); None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _boot() -> Optional[str]:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _runs_here(body: dict) -> bool:
+    """Whether the job of a file written on this host still runs: its rank 0's pid, started when it said."""
+    pid = int(body.get("pid", 0))
+    if body.get("boot") not in (None, _boot()):
+        return False  # written before this machine booted
+    if not _alive(pid):
+        return False
+    started = body.get("started")
+    return started is None or _started(pid) in (None, started)
+
+
+def _remove_leftovers(directory: str, host: str) -> None:
+    """Files of this host's jobs that ended without removing theirs (killed with mpiexec, say)."""
+    for path in glob.glob(os.path.join(directory, f"mpi-{host}-*.json")):
+        try:
+            with open(path) as f:
+                body = json.load(f)
+            if body.get("host") == host and body.get("pid") != os.getpid() and not _runs_here(body):
+                os.unlink(path)
+        except (OSError, ValueError, TypeError):
+            continue
+
+
 def publish(records) -> None:
     """Rank 0: write the job's groups (called with the registry's lock held, so writes do not interleave)."""
     global _path, _refresher
     host = socket.gethostname()
-    body = {"launcher": "mpi", "pid": os.getpid(), "host": host, "refresh": refresh_interval(),
+    body = {"launcher": "mpi", "pid": os.getpid(), "host": host, "boot": _boot(), "started": _started(os.getpid()),
+            "refresh": refresh_interval(),
             "groups": [{"name": r.name, "class": r.class_name, "workers": [_worker(w) for w in r.workers]}
                        for r in records]}
     try:
         directory = private_status_dir(create=True)
+        if _path is None:
+            _remove_leftovers(directory, host)
         path = os.path.join(directory, f"mpi-{host}-{os.getpid()}.json")
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".mpi-", suffix=".tmp")  # mode 0600
         with os.fdopen(fd, "w") as f:
@@ -148,8 +193,8 @@ def running_groups(timeout: float) -> Optional[dict]:
             continue
         host = body.get("host", here)
         if host == here:
-            if not _alive(int(body.get("pid", 0))):
-                continue  # a job that ended without cleaning up
+            if not _runs_here(body):
+                continue  # a job that ended without cleaning up (its pid may be another process's now)
             jobs.append(str(body["pid"]))
         elif age > STALE_AFTER_REFRESHES * _job_refresh(body):  # rank 0 stopped touching it: gone with its node
             notes.append(f"skipped {os.path.basename(path)}: rank 0 (pid {body.get('pid')} on {host}) has not "
