@@ -38,6 +38,8 @@ def cluster():
         c.shutdown()
         return
     temp_dir = tempfile.mkdtemp(prefix="rlt")  # short: Ray's socket paths must fit in 107 bytes
+    # where the embedded cluster says it runs (for the status command): the suite's own, not the user's
+    os.environ.setdefault("RLINF_STATUS_DIR", os.path.join(temp_dir, "status"))
     c = Cluster(num_nodes=1, launcher="ray", temp_dir=temp_dir, num_cpus=2, log_to_driver=False)
     yield c
     c.shutdown()

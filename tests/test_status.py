@@ -92,6 +92,22 @@ def test_status_lists_groups_calls_and_channels(cluster, launch):
     assert parked.wait(timeout=30) == ["x"]
 
 
+def test_status_finds_the_embedded_cluster_of_a_driver_without_ray_address(cluster, launch):
+    """A driver that started an embedded cluster is the only one that knows its address and its random
+    token: it publishes both (mode 0600) in the private status directory, where the command finds them."""
+    launch(Sleeper, name="status_embedded")
+    directory = os.environ["RLINF_STATUS_DIR"]
+    (mine,) = [n for n in os.listdir(directory) if n.startswith("ray-") and n.endswith(f"-{os.getpid()}.json")]
+    assert os.stat(os.path.join(directory, mine)).st_mode & 0o777 == 0o600
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    proc = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status", "--json", "--timeout", "30"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    snap = json.loads(proc.stdout)
+    assert f"the embedded cluster of pid {os.getpid()}" in snap["address"], snap["address"]
+    assert "status_embedded" in {g["name"] for g in snap["groups"]}
+
+
 def test_status_says_nothing_runs(cluster):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status"], capture_output=True, text=True,
@@ -239,6 +255,7 @@ def test_the_file_of_a_killed_job_whose_pid_was_reused_is_not_a_running_job(tmp_
     import socket
 
     from rlinf.mpi import status as mpi_status
+    from rlinf.scheduler import status_dir
 
     directory = tmp_path / "status"
     directory.mkdir(mode=0o700)
@@ -246,10 +263,10 @@ def test_the_file_of_a_killed_job_whose_pid_was_reused_is_not_a_running_job(tmp_
     host = socket.gethostname()
     stranger = subprocess.Popen(["sleep", "60"])
     try:
-        started = mpi_status._started(stranger.pid)
+        started = status_dir._started(stranger.pid)
         assert started is not None
         group = {"name": "doomed", "class": "W", "workers": []}
-        reused = {"launcher": "mpi", "pid": stranger.pid, "host": host, "boot": mpi_status._boot(),
+        reused = {"launcher": "mpi", "pid": stranger.pid, "host": host, "boot": status_dir._boot(),
                   "started": started - 1, "refresh": 30.0, "groups": [group]}
         leftover = directory / f"mpi-{host}-{stranger.pid}.json"
         leftover.write_text(json.dumps(reused))
@@ -258,7 +275,7 @@ def test_the_file_of_a_killed_job_whose_pid_was_reused_is_not_a_running_job(tmp_
         assert [g.name for g in mpi_status.running_groups(5)["groups"]] == ["doomed"]
         leftover.write_text(json.dumps(dict(reused, boot="an earlier boot")))
         assert mpi_status.running_groups(5) is None
-        mpi_status._remove_leftovers(str(directory), host)
+        status_dir.remove_leftovers(str(directory), "mpi")
         assert not leftover.exists()
     finally:
         stranger.kill()

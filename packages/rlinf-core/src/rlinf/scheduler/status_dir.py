@@ -3,14 +3,21 @@
 A per-user directory (``$RLINF_STATUS_DIR``, else ``$XDG_RUNTIME_DIR/rlinf``,
 else ``<tmp>/rlinf-<uid>``), made with mode 0700 and refused if another user
 owns it or others can write to it, so that the tokens in its files (mode 0600)
-stay the user's.
+stay the user's.  A file names the process that wrote it (``process_mark``),
+so that a reader can tell whether it still runs (``runs_here``) even after
+its pid went to another process, and a writer can remove the files of
+processes killed before they removed their own (``remove_leftovers``).
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import socket
 import stat
 import tempfile
+from typing import Optional
 
 STATUS_DIR_ENV = "RLINF_STATUS_DIR"
 
@@ -34,3 +41,87 @@ def private_status_dir(create: bool) -> str:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise PermissionError(f"{path} must be a directory of uid {os.getuid()} with mode 0700 (it holds status tokens)")
     return path
+
+
+def publish(name: str, body: dict, prefix: str) -> str:
+    """Write ``body`` as JSON to file ``name`` of the private directory (made if needed): atomically (a
+    reader never sees half a file), mode 0600.  The first time, the files ``<prefix>-<host>-*.json`` of
+    processes of this host that are gone are removed.  Raises ``OSError``."""
+    directory = private_status_dir(create=True)
+    path = os.path.join(directory, name)
+    if not os.path.exists(path):
+        remove_leftovers(directory, prefix)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{prefix}-", suffix=".tmp")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+# -- whether the process that wrote a file still runs -------------------------------------------------
+def _started(pid: int) -> Optional[int]:
+    """When process ``pid`` started (clock ticks since boot, ``/proc``); None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _boot() -> Optional[str]:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def process_mark() -> dict:
+    """What names this process for ``runs_here`` in a file it publishes: pid, host, boot and start time
+    (a pid alone is handed to another process once this one ends, and a killed job leaves its file)."""
+    pid = os.getpid()
+    return {"pid": pid, "host": socket.gethostname(), "boot": _boot(), "started": _started(pid)}
+
+
+def runs_here(mark: dict) -> bool:
+    """Whether the process of ``mark`` (``process_mark``, written on this host) still runs."""
+    try:
+        pid = int(mark.get("pid", 0))
+    except (TypeError, ValueError):
+        return False
+    if pid <= 0 or mark.get("boot") not in (None, _boot()):
+        return False  # written before this machine booted
+    if not _alive(pid):
+        return False
+    started = mark.get("started")
+    return started is None or _started(pid) in (None, started)
+
+
+def remove_leftovers(directory: str, prefix: str) -> None:
+    """Remove this host's ``<prefix>-<host>-*.json`` files whose process is gone (killed, say)."""
+    host = socket.gethostname()
+    for path in glob.glob(os.path.join(directory, f"{prefix}-{host}-*.json")):
+        try:
+            with open(path) as f:
+                body = json.load(f)
+            if body.get("host") == host and body.get("pid") != os.getpid() and not runs_here(body):
+                os.unlink(path)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue

@@ -25,7 +25,6 @@ import glob
 import json
 import os
 import socket
-import tempfile
 import threading
 import time
 from typing import Optional
@@ -33,7 +32,8 @@ from typing import Optional
 from rlinf.scheduler.address import WorkerAddress
 from rlinf.scheduler.info import WorkerInfo
 from rlinf.scheduler.launcher import GroupRecord, WorkerRecord
-from rlinf.scheduler.status_dir import private_status_dir, status_dir
+from rlinf.scheduler.status_dir import private_status_dir, process_mark, runs_here, status_dir
+from rlinf.scheduler.status_dir import publish as publish_file
 
 _path: Optional[str] = None
 _refresher: Optional[threading.Thread] = None
@@ -79,63 +79,15 @@ def _worker(record) -> dict:
             "status": getattr(record, "status", None)}
 
 
-def _started(pid: int) -> Optional[int]:
-    """When process ``pid`` started (clock ticks since boot, ``/proc``); None where that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _boot() -> Optional[str]:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _runs_here(body: dict) -> bool:
-    """Whether the job of a file written on this host still runs: its rank 0's pid, started when it said."""
-    pid = int(body.get("pid", 0))
-    if body.get("boot") not in (None, _boot()):
-        return False  # written before this machine booted
-    if not _alive(pid):
-        return False
-    started = body.get("started")
-    return started is None or _started(pid) in (None, started)
-
-
-def _remove_leftovers(directory: str, host: str) -> None:
-    """Files of this host's jobs that ended without removing theirs (killed with mpiexec, say)."""
-    for path in glob.glob(os.path.join(directory, f"mpi-{host}-*.json")):
-        try:
-            with open(path) as f:
-                body = json.load(f)
-            if body.get("host") == host and body.get("pid") != os.getpid() and not _runs_here(body):
-                os.unlink(path)
-        except (OSError, ValueError, TypeError):
-            continue
-
-
 def publish(records) -> None:
     """Rank 0: write the job's groups (called with the registry's lock held, so writes do not interleave)."""
     global _path, _refresher
     host = socket.gethostname()
-    body = {"launcher": "mpi", "pid": os.getpid(), "host": host, "boot": _boot(), "started": _started(os.getpid()),
-            "refresh": refresh_interval(),
+    body = {"launcher": "mpi", **process_mark(), "refresh": refresh_interval(),
             "groups": [{"name": r.name, "class": r.class_name, "workers": [_worker(w) for w in r.workers]}
                        for r in records]}
     try:
-        directory = private_status_dir(create=True)
-        if _path is None:
-            _remove_leftovers(directory, host)
-        path = os.path.join(directory, f"mpi-{host}-{os.getpid()}.json")
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".mpi-", suffix=".tmp")  # mode 0600
-        with os.fdopen(fd, "w") as f:
-            json.dump(body, f)
-        os.replace(tmp, path)
+        path = publish_file(f"mpi-{host}-{os.getpid()}.json", body, "mpi")
     except OSError:
         return  # status is an aid: a read-only or foreign directory must not break the job
     if _path is None:
@@ -157,16 +109,6 @@ def unpublish() -> None:
         except OSError:
             pass
         _path = None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _job_refresh(body: dict) -> float:
@@ -193,7 +135,7 @@ def running_groups(timeout: float) -> Optional[dict]:
             continue
         host = body.get("host", here)
         if host == here:
-            if not _runs_here(body):
+            if not runs_here(body):
                 continue  # a job that ended without cleaning up (its pid may be another process's now)
             jobs.append(str(body["pid"]))
         elif age > STALE_AFTER_REFRESHES * _job_refresh(body):  # rank 0 stopped touching it: gone with its node

@@ -406,6 +406,9 @@ class RaySession(LauncherSession):
         for name in list(self._groups):
             self.release_group(name)
         if self._owns_cluster and self._ray.is_initialized():
+            from .status import unpublish_embedded
+
+            unpublish_embedded()
             self._ray.shutdown()
         if self.watchdog is not None:  # nothing left for it to guard
             self.watchdog.terminate()
@@ -491,6 +494,9 @@ class RayLauncher(Launcher):
         )
         session = RaySession(owns_cluster=True)
         session.watchdog = _start_watchdog()
+        from .status import publish_embedded
+
+        publish_embedded(ray.get_runtime_context().gcs_address, os.environ.get("RAY_AUTH_TOKEN"))
         return session
 
     def attach(self) -> RaySession:

@@ -6,17 +6,76 @@ as a plain Ray client, finds every registry by name across namespaces and
 reads their records.  It starts nothing, and asks each worker itself (through
 the worker's status listener, see ``rlinf.scheduler.status_server``), not
 through its actor, whose calls may be busy.
+
+A driver that started an embedded cluster (no ``RAY_ADDRESS``) is the only
+one that knows its address and its random token: it publishes both in the
+user's private status directory (``ray-<host>-<pid>.json``, mode 0600; see
+``rlinf.scheduler.status_dir``) while the cluster runs, and the status command
+finds the newest such cluster of this machine there when ``RAY_ADDRESS`` is
+not set.
 """
 
 from __future__ import annotations
 
+import atexit
+import glob
+import json
 import logging
 import os
 import socket
 import time
 from typing import Optional
 
+from rlinf.scheduler.status_dir import private_status_dir, process_mark, runs_here
+from rlinf.scheduler.status_dir import publish as publish_file
+
 from .registry import REGISTRY_ACTOR_NAME
+
+_published: Optional[str] = None
+
+
+def publish_embedded(address: str, token: Optional[str]) -> None:
+    """The driver of an embedded cluster: say where it is, for the status command (best effort)."""
+    global _published
+    body = {"launcher": "ray", **process_mark(), "address": address, "token": token}
+    try:
+        path = publish_file(f"ray-{body['host']}-{body['pid']}.json", body, "ray")
+    except OSError:
+        return  # status is an aid: a read-only or foreign directory must not stop the driver
+    if _published is None:
+        atexit.register(unpublish_embedded)
+    _published = path
+
+
+def unpublish_embedded() -> None:
+    global _published
+    if _published is not None:
+        try:
+            os.unlink(_published)
+        except OSError:
+            pass
+        _published = None
+
+
+def _embedded() -> Optional[tuple]:
+    """``(address, token, pid)`` of the newest embedded cluster of this machine still running, or None."""
+    try:
+        directory = private_status_dir(create=False)
+    except FileNotFoundError:
+        return None
+    except PermissionError as exc:
+        raise RuntimeError(str(exc)) from None
+    found = []
+    for path in glob.glob(os.path.join(directory, f"ray-{socket.gethostname()}-*.json")):
+        try:
+            with open(path) as f:
+                body = json.load(f)
+                when = os.fstat(f.fileno()).st_mtime
+            if runs_here(body) and isinstance(body.get("address"), str):
+                found.append((when, body["address"], body.get("token"), body.get("pid")))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return max(found)[1:] if found else None
 
 
 def _reachable(address: str, timeout: float) -> bool:
@@ -33,8 +92,15 @@ def _reachable(address: str, timeout: float) -> bool:
 
 def running_groups(timeout: float) -> Optional[dict]:
     address = os.environ.get("RAY_ADDRESS")
+    shown = address
     if not address:
-        return None
+        embedded = _embedded()
+        if embedded is None:
+            return None
+        address, token, pid = embedded
+        shown = f"{address} (the embedded cluster of pid {pid})"
+        if token and not os.environ.get("RAY_AUTH_TOKEN"):
+            os.environ["RAY_AUTH_TOKEN"] = token
     deadline = time.monotonic() + timeout
     if not _reachable(address, min(1.0, timeout)):
         raise RuntimeError(f"no Ray cluster answers at RAY_ADDRESS={address}")
@@ -62,4 +128,4 @@ def running_groups(timeout: float) -> Optional[dict]:
             notes.append(f"registry in namespace {namespace!r} did not answer: {type(exc).__name__}")
             continue
         groups.extend(r for r in records if r is not None)
-    return {"launcher": "ray", "address": address, "groups": groups, "notes": notes}
+    return {"launcher": "ray", "address": shown, "groups": groups, "notes": notes}
