@@ -69,6 +69,14 @@ def test_benchmark_page_links_only_plots_that_exist(tmp_path):
     assert "hatch run bench group" not in page and "hatch run bench p2p" in page
     assert f"]({hook.PLOTS_URI}/bandwidth.png)" in page  # a plot no benchmark of run.py names is still shown
 
+    # a site built where no benchmark ran (CI) shows the committed reference plots, captioned as such
+    reference = hook.reference_plots(str(ROOT))
+    assert set(known) <= set(reference), f"no reference plot for {sorted(set(known) - set(reference))}"
+    page = hook.render(known, {"group": str(png)}, reference)
+    assert f"]({hook.PLOTS_URI}/group.png)" in page and f"]({hook.REFERENCE_URI}/group.png)" not in page
+    assert f"]({hook.REFERENCE_URI}/p2p.png)" in page and "Reference plot" in page
+    assert "No plot yet" not in page and "No plots in this build" not in page
+
 
 def test_benchmark_plots_are_found_in_the_results_folder(tmp_path, monkeypatch):
     hook = _hook("benchmark_plots")
