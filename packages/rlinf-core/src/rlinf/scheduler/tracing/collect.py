@@ -6,8 +6,11 @@ worker).  Every gather is bounded (``RLINF_TRACE_TIMEOUT``, 10 s by default):
 a worker that is busy in a long call, or dead, is named in the trace's notes
 and its events are missing; nothing waits for it longer.
 
-Clocks: processes on one machine share its clock (same boot id) and need no
-correction.  For each worker on another machine the driver takes a few timed round trips and keeps the
+Clocks: processes on one machine (same boot id) read one monotonic clock,
+which events are recorded on; each converts to its wall clock with the
+difference it read when it started recording (``clock_delta_ns`` in its dump),
+and the difference between that and the driver's own is the offset applied:
+exact, even when the wall clock was stepped or slewed between the two starts.  For each worker on another machine the driver takes a few timed round trips and keeps the
 one with the smallest round-trip time, NTP-style: the worker's clock minus the
 midpoint of the driver's send and receive times is the worker's offset, off by
 at most half that round trip.  Events are shifted by it before they are merged.
@@ -274,8 +277,9 @@ def gather(session, targets: dict, drain: bool) -> list:
 
 def _aligned(session, name: str, rank: int, handles: list, records: list, answer: dict, deadline: float) -> list:
     """A worker's answer to ``collect``: its dumps on this process's clock (its notes go to ours)."""
-    if answer["dumps"][0].get("boot") == recorder.boot_id():
-        offset = 0  # one machine, one kernel clock: exact, where a round-trip estimate would not be
+    own = answer["dumps"][0]
+    if own.get("boot") == recorder.boot_id():  # one machine, one monotonic clock: exact, unlike a round trip
+        offset = own.get("clock_delta_ns", recorder._delta_ns) - recorder._delta_ns
     else:
         offset = _offset(session, handles[rank], deadline)
     if offset is None:

@@ -257,6 +257,7 @@ def dump(drain: bool) -> dict:
     out["events"] = [(*what, start + delta, end + delta, thread, _args(a0, a1, a2))
                      for what, start, end, thread, a0, a1, a2 in events]
     out["dropped"] = dropped
+    out["clock_delta_ns"] = delta  # wall minus monotonic here: how a same-machine reader undoes the wall clock
     out["threads"] = {t: _thread_name(t) for t in {e[3] for e in events}}
     if drain:
         _forget_ended_threads({e[3] for buffer in (*_retired, _events) for e in list(buffer)})
