@@ -112,6 +112,7 @@ def nodes():
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
     with cluster.trace(path):
         group.pid().wait()
+        pending = group.pid()  # waited for after the shutdown: an answer, or the worker reported gone
         cluster.shutdown()
     with open(path) as f:
         trace = json.load(f)
@@ -123,6 +124,13 @@ def nodes():
     except RuntimeError as exc:
         assert "not launched any more: it was ended by cluster.shutdown()" in str(exc), exc
     group.stop()  # nothing left to stop: a no-op
+    from rlinf.scheduler.errors import WorkerError
+
+    try:  # not an AttributeError of a group whose session is gone
+        answered = pending.wait(timeout=30)
+        assert len(answered) == 1 and isinstance(answered[0], int), answered
+    except WorkerError:
+        pass
     print("nodes OK")
 
 

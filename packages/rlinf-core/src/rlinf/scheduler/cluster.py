@@ -260,7 +260,7 @@ class Cluster:
             self._session.shutdown()
         finally:
             _ended.add(self._session)
-            end_groups_of(self._session, "ended by cluster.shutdown()")
+            end_groups_of(self._session)
 
     def __repr__(self) -> str:
         return f"Cluster(launcher={self.launcher_name!r}, num_nodes={self.num_nodes}, num_accelerators={self.num_accelerators})"

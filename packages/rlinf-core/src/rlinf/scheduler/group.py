@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from . import config, context, watch
 from .address import WorkerAddress, validate_group_name
-from .cluster import Cluster
+from .cluster import Cluster, is_ended
 from .errors import GroupNameError, LaunchError, WorkerDiedError, WorkerError, WorkerMethodError
 from .host import async_methods
 from .launcher import CallOutcome, Died, GroupRecord, LauncherSession, Rejected, WorkerRecord, WorkerSpec
@@ -48,14 +48,17 @@ def _primary_error(errors: list[WorkerError]) -> WorkerError:
 _launched: "weakref.WeakSet[WorkerGroup]" = weakref.WeakSet()
 
 
-def end_groups_of(session, why: str) -> None:
+#: why the groups of a session that ended with ``Cluster.shutdown`` are not running any more
+SHUT_DOWN = "ended by cluster.shutdown()"
+
+
+def end_groups_of(session) -> None:
     """The groups this process launched in ``session`` ended with it (``Cluster.shutdown``): calling one
-    says so, instead of reaching for processes that are gone."""
+    says so, instead of reaching for processes that are gone.  (A group attached by name finds out at
+    its next call: ``_require_launched``.)"""
     for group in list(_launched):
         if group._session is session:
-            _launched.discard(group)
-            group._session = None
-            group._ended = why
+            group._end(SHUT_DOWN)
 
 
 def stop_launched_groups() -> None:
@@ -70,8 +73,9 @@ def stop_launched_groups() -> None:
 class WorkerGroupFuncResult:
     """The pending result of one group call."""
 
-    def __init__(self, group: "WorkerGroup", method: str, ranks: list[int], calls: list):
+    def __init__(self, group: "WorkerGroup", method: str, ranks: list[int], calls: list, session: LauncherSession):
         self._group = group
+        self._session = session  # the one the calls went to: the group may be stopped before they are waited for
         self._method = method
         self._ranks = ranks
         self._calls = calls
@@ -118,7 +122,7 @@ class WorkerGroupFuncResult:
             return self._results()
         watched = watch.watching(self)
         try:
-            outcomes = self._group._session.collect(self._calls, timeout)
+            outcomes = self._session.collect(self._calls, timeout)
         except TimeoutError:
             pending = [r for r, c in zip(self._ranks, self._calls) if not c.done()]
             raise TimeoutError(
@@ -134,7 +138,7 @@ class WorkerGroupFuncResult:
         if self._outcomes is None:
             watched = watch.watching(self)
             try:
-                outcomes = await self._group._session.collect_async(self._calls)
+                outcomes = await self._session.collect_async(self._calls)
             finally:
                 watch.done(watched)
             if self._outcomes is None:
@@ -395,22 +399,33 @@ class WorkerGroup:
     def __dir__(self):
         return sorted(set(super().__dir__()) | self._methods)
 
-    def _require_launched(self):
-        if self._session is None:
+    def _require_launched(self) -> LauncherSession:
+        """The group's session, read once (a stop or a shutdown in another thread may end it meanwhile)."""
+        session = self._session
+        if session is not None and is_ended(session):
+            self._end(SHUT_DOWN)
+            session = None
+        if session is None:
             if self._ended is not None:
                 raise RuntimeError(f"worker group {self._name!r} of {self._cls.__name__} is not launched any more: "
                                    f"it was {self._ended}")
             raise RuntimeError(f"worker group of {self._cls.__name__} is not launched: call .launch(cluster) first")
+        return session
+
+    def _end(self, why: str) -> None:
+        _launched.discard(self)
+        self._session = None
+        self._ended = why
 
     @hook("group_call")
     def _call(self, method: str, args: tuple, kwargs: dict) -> WorkerGroupFuncResult:
-        self._require_launched()
+        session = self._require_launched()
         ranks = self._selection if self._selection is not None else list(range(len(self._handles)))
         self._selection = None
         ship_run_time_modules_by_value()  # arguments of a test module's classes: the workers cannot import it
-        submit = self._session.submit
+        submit = session.submit
         calls = [submit(self._handles[r], method, args, kwargs) for r in ranks]
-        return WorkerGroupFuncResult(self, method, ranks, calls)
+        return WorkerGroupFuncResult(self, method, ranks, calls, session)
 
     def _rejected(self, rank: int, method: str, rejected: Rejected) -> WorkerError:
         info = self._records[rank].info
@@ -439,15 +454,18 @@ class WorkerGroup:
     @hook("group_stop")
     def stop(self) -> None:
         """Stop this group's workers and free its name."""
-        if self._session is None:
+        session = self._session
+        if session is None:
+            return
+        if is_ended(session):  # its processes ended with the cluster
+            self._end(SHUT_DOWN)
             return
         _launched.discard(self)
         try:
-            self._session.stop_workers(self._handles)
+            session.stop_workers(self._handles)
         finally:
-            self._session.release_group(self._name)
-            self._session = None
-            self._ended = "stopped"
+            session.release_group(self._name)
+            self._end("stopped")
 
     def __repr__(self):
         state = f"{len(self._records)} workers" if self._session else "not launched"
