@@ -473,8 +473,25 @@ def test_a_busy_worker_is_waited_for_once_per_trace_and_records_once_free(cluste
             assert g.mark().wait() == [True]
         after = _load(tmp_path / "after.json")
         assert "after_nap" in {e["name"] for e in after["traceEvents"]}
-        assert not after["otherData"]["rlinf"]["notes"]
+        assert not [n for n in after["otherData"]["rlinf"]["notes"] if g.worker_group_name in n]
         assert g.recording().wait() == [False]  # the queued stop ran, and the second block's stop
+    finally:
+        g.stop()
+
+
+def test_a_late_answer_to_a_dump_is_not_counted_twice(cluster, tmp_path, monkeypatch):
+    """``dump_trace`` does not drain: a busy worker's late answer to it holds events its buffer still has,
+    which the block's own collect then takes.  They are in the file once."""
+    monkeypatch.setenv(collect.COLLECT_TIMEOUT_ENV, "1")
+    g = Napper.create_group().launch(cluster, name=f"napper{uuid.uuid4().hex[:6]}")
+    try:
+        with cluster.trace(tmp_path / "t.json"):
+            assert g.mark().wait() == [True]
+            napping = g.nap(4)
+            cluster.dump_trace(tmp_path / "early.json")  # waits 1 s for the busy worker, then goes on
+            assert napping.wait(timeout=30) == [True]
+        marks = [e for e in _load(tmp_path / "t.json")["traceEvents"] if e["name"] == "after_nap"]
+        assert len(marks) == 1, marks
     finally:
         g.stop()
 

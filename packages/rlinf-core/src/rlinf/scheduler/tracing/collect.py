@@ -41,12 +41,27 @@ CLOCK_SAMPLES = 5
 _kept: list = []
 #: what could not be collected, said in the trace
 _notes: list = []
-#: (group, rank) -> [(op, call), ...]: control calls a worker did not answer in time.  It is busy (or hung)
-#: in a call of its own, and another control call would only queue behind it and be waited for as long again
-_unanswered: dict = {}
 #: seconds all workers owing an earlier answer get, together, to give it before a control call skips them
 #: (one just freed runs its queued control calls within milliseconds)
 EARLIER_GRACE = 0.5
+
+
+class _Owed:
+    """A control call a worker did not answer in time: it is busy (or hung) in a call of its own, and a
+    later control call would only queue behind it and be waited for as long again."""
+
+    __slots__ = ("op", "call", "handle", "keep", "trace")
+
+    def __init__(self, op: str, call, handle, keep: bool):
+        self.op, self.call, self.handle = op, call, handle
+        self.keep = keep  # a draining collect: its late answer holds events nobody will ask for again
+        self.trace = _trace
+
+
+#: (group, rank) -> the control call that worker owes (later ones are sent behind it without a wait)
+_unanswered: dict = {}
+#: the trace now being recorded; a late answer to a collect of an earlier one is dropped (it was written)
+_trace = 0
 
 
 def collect_timeout() -> float:
@@ -74,10 +89,15 @@ def handle(op: str, drain: bool = False):
 
 def _forget() -> None:
     """Recording off and everything recorded dropped: a later trace starts empty."""
+    global _trace
     recorder.disable()
     recorder.reset()
     _kept.clear()
     _notes.clear()
+    _trace += 1
+    for key, owed in list(_unanswered.items()):  # answered since, or gone with its group
+        if owed.call.done():
+            _unanswered.pop(key, None)
 
 
 def _give_back_orphan_timings() -> None:
@@ -174,7 +194,8 @@ def _call_all(session, targets: dict, op: str, args: tuple, timeout: float) -> d
         except TimeoutError:
             _notes.append(f"{who}: no answer to trace {op} within {timeout:g} s (busy in a long call?); "
                           f"its events are missing")
-            _unanswered.setdefault((name, rank), []).append((op, call))
+            drains = op == "collect" and args[-1] is True  # ("collect", drain)
+            _unanswered[(name, rank)] = _Owed(op, call, targets[name][0][rank], keep=drains)
             continue
         except Exception as exc:
             _notes.append(f"{who}: trace {op} failed: {type(exc).__name__}: {exc}")
@@ -190,47 +211,60 @@ def _call_all(session, targets: dict, op: str, args: tuple, timeout: float) -> d
     return results
 
 
+def _same_handle(a, b) -> bool:
+    try:
+        return a is b or a == b
+    except Exception:
+        return False
+
+
 def _still_owing(session, targets: dict, op: str, args: tuple) -> set:
     """The workers of ``targets`` that still owe an answer to an earlier control call: ``op`` is not
     waited for there.  ``start`` and ``stop`` are sent to them anyway (a worker runs them in order, when
-    it gets to them); ``collect`` is skipped, with a note.  An earlier ``collect`` answered since is not
-    thrown away: it drained the worker's buffer, so its events are kept for this trace."""
-    owing = [(key, calls) for key, calls in _unanswered.items() if key[0] in targets]
+    it gets to them); ``collect`` is skipped, with a note.  A draining ``collect`` of this trace answered
+    since is not thrown away: it emptied the worker's buffer, so its events are kept.  Bounded: one
+    shared grace of ``EARLIER_GRACE`` s for all of them, which also bounds keeping the late answers."""
+    owing = []
+    for key, owed in list(_unanswered.items()):
+        found = targets.get(key[0])
+        if found is None:
+            continue  # its group is not asked now
+        handles = found[0]
+        if key[1] >= len(handles) or not _same_handle(handles[key[1]], owed.handle):
+            del _unanswered[key]  # a group relaunched under the name: another worker
+            continue
+        owing.append((key, owed))
     if not owing:
         return set()
     grace_end = time.monotonic() + EARLIER_GRACE
-    while time.monotonic() < grace_end and not all(c.done() for _, calls in owing for _, c in calls):
+    while time.monotonic() < grace_end and not all(owed.call.done() for _, owed in owing):
         time.sleep(0.01)
     busy = set()
-    for key, calls in owing:
+    for key, owed in owing:
         name, rank = key
         handles, records = targets[name]
-        left = [(was, call) for was, call in calls if not call.done()]
-        for was, call in calls:
-            if was == "collect" and call.done():
-                _keep_late_answer(session, name, rank, handles, records, call)
-        if not left or rank >= len(handles):
+        if owed.call.done():
             del _unanswered[key]
+            if owed.keep and owed.trace == _trace:
+                _keep_late_answer(session, name, rank, handles, records, owed.call, grace_end)
             continue
-        _unanswered[key] = left
         busy.add(key)
         if op in ("start", "stop"):
             try:
-                left.append((op, session.submit(handles[rank], CONTROL, args, {})))
+                session.submit(handles[rank], CONTROL, args, {})  # queued behind the one it owes
             except Exception:
                 pass
         else:
-            _notes.append(f"{_describe(name, rank, records)}: still busy (no answer to trace {left[0][0]} yet); "
+            _notes.append(f"{_describe(name, rank, records)}: still busy (no answer to trace {owed.op} yet); "
                           f"its events are missing")
     return busy
 
 
-def _keep_late_answer(session, name: str, rank: int, handles: list, records: list, call) -> None:
+def _keep_late_answer(session, name: str, rank: int, handles: list, records: list, call, deadline: float) -> None:
     try:
-        outcome = session.collect([call], 1.0)[0]
+        outcome = session.collect([call], max(0.05, deadline - time.monotonic()))[0]
         if getattr(outcome, "ok", False):
-            _kept.extend(_aligned(session, name, rank, handles, records, outcome.value,
-                                  time.monotonic() + collect_timeout()))
+            _kept.extend(_aligned(session, name, rank, handles, records, outcome.value, deadline))
     except Exception:  # it was noted missing already
         pass
 
