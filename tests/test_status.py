@@ -280,3 +280,37 @@ def test_the_file_of_a_killed_job_whose_pid_was_reused_is_not_a_running_job(tmp_
     finally:
         stranger.kill()
         stranger.wait(10)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root, to listen as another user")
+def test_status_does_not_send_the_token_to_a_port_another_user_took(tmp_path, monkeypatch):
+    """The embedded cluster a driver published is gone while the driver runs on, and another user
+    listens on its port now: the status command refuses to join there with the cluster's token."""
+    import shutil
+    import socket
+
+    pytest.importorskip("rlinf.ray")
+    from rlinf.ray import status as ray_status
+    from rlinf.scheduler import status_dir
+
+    python = shutil.which("python3", path="/usr/bin:/bin")  # one the other user may run (not under /root)
+    if python is None:
+        pytest.skip("needs a system python3 for the other user's listener")
+    directory = tmp_path / "status"
+    directory.mkdir(mode=0o700)
+    monkeypatch.setenv("RLINF_STATUS_DIR", str(directory))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    squatter = subprocess.Popen(
+        [python, "-c", "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+                       "print(s.getsockname()[1], flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, user=65534, cwd="/")
+    try:
+        port = int(squatter.stdout.readline())
+        status_dir.publish(f"ray-{socket.gethostname()}-{os.getpid()}.json",
+                           {"launcher": "ray", **status_dir.process_mark(), "address": f"127.0.0.1:{port}",
+                            "token": "the-cluster-token"}, "ray")
+        with pytest.raises(RuntimeError, match="uid 65534 listens there now: not sending it"):
+            ray_status.running_groups(5)
+    finally:
+        squatter.kill()
+        squatter.wait(10)

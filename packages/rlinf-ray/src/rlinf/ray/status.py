@@ -78,6 +78,31 @@ def _embedded() -> Optional[tuple]:
     return max(found)[1:] if found else None
 
 
+def _listener_uid(address: str) -> Optional[int]:
+    """The uid owning the socket listening at ``host:port`` (``/proc/net/tcp``); None where that cannot be told."""
+    host, _, port = address.rpartition(":")
+    try:
+        wanted = int(port)
+        ip = socket.inet_aton(host or "127.0.0.1")
+    except (ValueError, OSError):
+        return None
+    local = ip[::-1].hex().upper()  # /proc writes an IPv4 address as a little-endian hex word
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 8 or fields[3] != "0A":  # LISTEN
+                continue
+            addr, _, hex_port = fields[1].rpartition(":")
+            if int(hex_port, 16) == wanted and addr[-8:] in (local, "00000000"):
+                return int(fields[7])
+    return None
+
+
 def _reachable(address: str, timeout: float) -> bool:
     """Whether something listens at ``host:port`` (``ray.init`` would retry an unreachable one for long)."""
     host, _, port = address.rpartition(":")
@@ -99,11 +124,15 @@ def running_groups(timeout: float) -> Optional[dict]:
             return None
         address, token, pid = embedded
         shown = f"{address} (the embedded cluster of pid {pid})"
-        if token and not os.environ.get("RAY_AUTH_TOKEN"):
+        owner = _listener_uid(address)
+        if owner is not None and owner != os.getuid():  # the cluster is gone and someone else took its port
+            raise RuntimeError(f"the embedded cluster of pid {pid} published {address}, but uid {owner} listens "
+                               f"there now: not sending it the cluster's token")
+        if token:  # this cluster's own, never one the shell holds for another cluster
             os.environ["RAY_AUTH_TOKEN"] = token
     deadline = time.monotonic() + timeout
     if not _reachable(address, min(1.0, timeout)):
-        raise RuntimeError(f"no Ray cluster answers at RAY_ADDRESS={address}")
+        raise RuntimeError(f"no Ray cluster answers at {'RAY_ADDRESS=' + address if shown == address else shown}")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
