@@ -76,8 +76,8 @@ class Progress:
                 if len(line) > fits:
                     line = line[: max(0, fits - len(suffix) - 3)] + "..." + suffix
                     line = line[:fits]
-                self._stream.write("\r" + line.ljust(self._width))
-                self._width = len(line)
+                self._stream.write("\r" + line.ljust(min(self._width, fits)))  # padded: the last line's
+                self._width = len(line)  # tail is erased, but never past the width (narrowed since, say)
             else:
                 self._stream.write(line + "\n")
             self._stream.flush()

@@ -17,6 +17,7 @@ import os
 import socket
 import stat
 import tempfile
+import time
 from typing import Optional
 
 STATUS_DIR_ENV = "RLINF_STATUS_DIR"
@@ -114,9 +115,20 @@ def runs_here(mark: dict) -> bool:
     return started is None or _started(pid) in (None, started)
 
 
+#: seconds after which a half-written ``.<prefix>-*.tmp`` file is a leftover of a process killed mid-write
+_TMP_LEFTOVER_AGE = 600.0
+
+
 def remove_leftovers(directory: str, prefix: str) -> None:
-    """Remove this host's ``<prefix>-<host>-*.json`` files whose process is gone (killed, say)."""
+    """Remove this host's ``<prefix>-<host>-*.json`` files whose process is gone (killed, say), and
+    half-written files of ``publish`` older than ten minutes."""
     host = socket.gethostname()
+    for path in glob.glob(os.path.join(directory, f".{prefix}-*.tmp")):
+        try:
+            if time.time() - os.stat(path).st_mtime > _TMP_LEFTOVER_AGE:
+                os.unlink(path)
+        except OSError:
+            continue
     for path in glob.glob(os.path.join(directory, f"{prefix}-{host}-*.json")):
         try:
             with open(path) as f:

@@ -175,9 +175,9 @@ class MpiSession(LauncherSession):
     def start_workers(self, specs, payload, timeout):
         group = specs[0].group_key
         deadline = time.monotonic() + timeout
+        line = progress.Progress()  # before ranks are taken: a bad RLINF_PROGRESS_* must not leave them taken
         ranks = self._coordinator("allocate", (group, [s.node.node_rank for s in specs]))
         started: list[int] = []
-        line = progress.Progress()  # a constructor that takes long: say how many have started
         try:
             port = self._service.call(ranks[0], "reserve_port", None, timeout=timeout)
             futures = [self._service.request(r, "construct", (spec, payload, port), deadline) for r, spec in zip(ranks, specs)]

@@ -115,9 +115,13 @@ def write_snapshot(session, path: str, drain: bool) -> str:
     try:
         return export.write(path, trace)
     except OSError as exc:
-        saved = export.write_elsewhere(trace)
-        raise export.TraceWriteError(f"could not write the trace to {path!r} ({type(exc).__name__}: {exc}); "
-                                     f"it was written to {saved!r} instead", saved) from exc
+        failed = f"could not write the trace to {path!r} ({type(exc).__name__}: {exc})"
+        try:
+            saved = export.write_elsewhere(trace)
+        except OSError as again:
+            raise export.TraceWriteError(f"{failed}, nor to the temporary folder ({type(again).__name__}: {again}): "
+                                         f"its events are lost", None) from exc
+        raise export.TraceWriteError(f"{failed}; it was written to {saved!r} instead", saved) from exc
 
 
 class TraceBlock:

@@ -76,9 +76,9 @@ def chrome_trace(dumps: list, notes: Optional[list] = None) -> dict:
 
 
 class TraceWriteError(OSError):
-    """The trace could not be written where asked; ``saved`` is where it was written instead."""
+    """The trace could not be written where asked; ``saved`` is where it was written instead (None: nowhere)."""
 
-    def __init__(self, message: str, saved: str):
+    def __init__(self, message: str, saved: Optional[str]):
         super().__init__(message)
         self.saved = saved
 
@@ -93,8 +93,15 @@ def probe_folder(folder: str) -> None:
 def write_elsewhere(trace: dict) -> str:
     """Write ``trace`` to a new file in the temporary folder (readable by its owner only); returns its path."""
     fd, path = tempfile.mkstemp(prefix="rlinf-trace-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(trace, f, separators=(",", ":"))
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(trace, f, separators=(",", ":"))
+    except BaseException:
+        try:
+            os.unlink(path)  # half a file is no trace
+        except OSError:
+            pass
+        raise
     return path
 
 
