@@ -286,6 +286,30 @@ def test_p2p_events_are_whole_name_their_thread_and_count_what_gave_way(monkeypa
     assert all(e[4] >= e[3] for e in events)
 
 
+def test_the_buffer_is_kept_to_its_limit_while_recording_goes_on(monkeypatch):
+    """No event tests the buffer's length: the trimmer thread keeps it to ``RLINF_TRACE_MAX_EVENTS``
+    within its interval, oldest first, and the dump counts every event that gave way."""
+    monkeypatch.setenv(recorder.MAX_EVENTS_ENV, "100")
+    assert not recorder.is_on()
+    recorder.enable()
+    try:
+        for i in range(1000):
+            recorder.record("i", f"e{i % 7}", "timer", i, i)
+        deadline = time.monotonic() + 10
+        while len(recorder._events) > 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(recorder._events) == 100  # trimmed with nobody dumping
+        mine = recorder.dump(drain=True)
+    finally:
+        recorder.disable()
+        recorder.reset()
+        monkeypatch.delenv(recorder.MAX_EVENTS_ENV)
+        recorder.enable()  # back to the default buffer
+        recorder.disable()
+    assert mine["dropped"] == 900
+    assert [e[3] - mine["clock_delta_ns"] for e in mine["events"]] == list(range(900, 1000))  # the newest kept
+
+
 class _FakeLink:
     """Hook points of the p2p kinds, for the test below (marked only while it runs)."""
 
@@ -354,7 +378,7 @@ def test_a_p2p_event_in_flight_while_the_buffer_is_resized_is_in_the_next_dump(f
     recorder.disable()
     monkeypatch.setenv(recorder.MAX_EVENTS_ENV, "1000")
     recorder.enable()
-    assert recorder._events.maxlen == 1000
+    assert recorder._capacity == 1000
     _FakeLink.release.set()
     waiting.join(10)
     _FakeLink().send_frames(peer, "cpu", [b"two!"], None)

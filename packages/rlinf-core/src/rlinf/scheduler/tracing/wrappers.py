@@ -12,7 +12,7 @@ import functools
 import itertools
 
 from . import recorder as _recorder
-from .recorder import _local, clock, note_dropped, record, what
+from .recorder import _local, clock, record, what
 
 #: names of control calls that must not show up as the user's work
 _CONTROL_PREFIX = "_rlinf_trace"
@@ -157,7 +157,8 @@ def _timer(fn):
 # These two run on every traced message, so their success path does what ``record`` does
 # written out, in as few steps as it takes: on a small round trip, each step there costs
 # several times what it costs in a loop (caches are cold between messages; a test or a global
-# lookup dropped from each of the four events of a round trip shows in its time).  They hold
+# lookup dropped from each of the four events of a round trip shows in its time; the buffer's
+# limit is kept by the recorder's trimmer, not tested here).  They hold
 # the buffer and its ``append``: a drain empties it in place, and it is replaced only while
 # tracing is off (``recorder.enable``, at a new size), before new wrappers are made; a drain
 # also empties the buffers it replaced, where an operation in flight across the switch records.
@@ -173,8 +174,7 @@ _SEND, _SEND_TENSOR, _RECV = what("X", "send", "p2p"), what("X", "send_tensor", 
 
 
 def _p2p_send(fn):
-    events = _recorder._events
-    append, capacity = events.append, events.maxlen
+    append = _recorder._events.append
 
     @functools.wraps(fn)
     def traced_send_frames(self, peer, transport, frames, deadline, raw=False):
@@ -185,8 +185,6 @@ def _p2p_send(fn):
             record("X", "send_tensor" if raw else "send", "p2p", start, clock(), peer._name,
                    _nbytes(frames[1:] if raw else frames), transport, type(exc).__name__)
             raise
-        if len(events) == capacity:
-            note_dropped()
         if raw:
             append((_SEND_TENSOR, start, clock(), _local.thread, peer._name, _nbytes(frames[1:]), transport))
         else:  # a small object is its header (bytes) alone
@@ -197,8 +195,7 @@ def _p2p_send(fn):
 
 
 def _p2p_recv(fn):
-    events = _recorder._events
-    append, capacity = events.append, events.maxlen
+    append = _recorder._events.append
 
     @functools.wraps(fn)
     def traced_receive(self, peer, transport, deadline, read):
@@ -209,8 +206,6 @@ def _p2p_recv(fn):
             record("X", "recv", "p2p", start, clock(), peer._name, None, transport, type(exc).__name__)
             raise
         if type(result) is tuple:  # (raw, frames) of a recv; recv_tensor's read returns a flag (recorded there)
-            if len(events) == capacity:
-                note_dropped()
             frames = result[1]
             append((_RECV, start, clock(), _local.thread, peer._name,
                     len(frames[0]) if len(frames) == 1 and type(frames[0]) is bytearray else _nbytes(frames), transport))
