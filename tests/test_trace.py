@@ -10,6 +10,7 @@ written when the driver exits), which also covers the MPI launcher.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -241,6 +242,22 @@ def test_hook_points_are_the_plain_functions_unless_tracing_is_on():
     assert notes[0] == "a note" and "3 oldest event(s)" in notes[1]
 
 
+@contextlib.contextmanager
+def _recording(monkeypatch, max_events: int):
+    """Recording on in this process with a limit of ``max_events``; off, empty and at the default after."""
+    monkeypatch.setenv(recorder.MAX_EVENTS_ENV, str(max_events))
+    assert not recorder.is_on()
+    recorder.enable()
+    try:
+        yield
+    finally:
+        recorder.disable()
+        recorder.reset()
+        monkeypatch.delenv(recorder.MAX_EVENTS_ENV)
+        recorder.enable()  # back to the default buffer
+        recorder.disable()
+
+
 def test_p2p_events_are_whole_name_their_thread_and_count_what_gave_way(monkeypatch):
     """The point-to-point wrappers write out what ``record`` does (for speed): they must keep
     its contract: whole events, the recording thread's name, the bytes of every frame (a
@@ -257,26 +274,17 @@ def test_p2p_events_are_whole_name_their_thread_and_count_what_gave_way(monkeypa
         return False, [bytearray(5), memoryview(bytes(28)).cast("i")]
 
     peer = WorkerAddress("g", 1)
-    monkeypatch.setenv(recorder.MAX_EVENTS_ENV, "3")
-    assert not recorder.is_on()
-    recorder.enable()
-    try:
+    with _recording(monkeypatch, max_events=3):
         # made as enable() makes them: the p2p wrappers hold the buffer of the moment
         send, recv = wrappers.make("p2p_send", send_frames), wrappers.make("p2p_recv", receive)
         recorder.record("X", "first", "timer", 1, 2)
         send(None, peer, "cpu", [b"abc"], None)
-        send(None, peer, "cpu", [b"fingerprint", memoryview(bytes(16)).cast("i")], None, True)  # full now
+        send(None, peer, "cpu", [b"fingerprint", memoryview(bytes(16)).cast("i")], None, True)  # the limit
         t = threading.Thread(target=recv, args=(None, peer, "cpu", None, None), name="unit-recv")
         t.start()
-        t.join(10)  # pushes out "first"
-        send(None, peer, "cpu", [b"abcd"], None)  # pushes out the first send
+        t.join(10)
+        send(None, peer, "cpu", [b"abcd"], None)  # "first" and the first send give way (by the dump at last)
         mine = recorder.dump(drain=True)
-    finally:
-        recorder.disable()
-        recorder.reset()
-        monkeypatch.delenv(recorder.MAX_EVENTS_ENV)
-        recorder.enable()  # back to the default buffer
-        recorder.disable()
     events = mine["events"]
     assert [e[1] for e in events] == ["send_tensor", "recv", "send"] and mine["dropped"] == 2
     assert events[0][6] == {"peer": "g:1", "bytes": 16, "transport": "cpu"}
@@ -289,10 +297,7 @@ def test_p2p_events_are_whole_name_their_thread_and_count_what_gave_way(monkeypa
 def test_the_buffer_is_kept_to_its_limit_while_recording_goes_on(monkeypatch):
     """No event tests the buffer's length: the trimmer thread keeps it to ``RLINF_TRACE_MAX_EVENTS``
     within its interval, oldest first, and the dump counts every event that gave way."""
-    monkeypatch.setenv(recorder.MAX_EVENTS_ENV, "100")
-    assert not recorder.is_on()
-    recorder.enable()
-    try:
+    with _recording(monkeypatch, max_events=100):
         for i in range(1000):
             recorder.record("i", f"e{i % 7}", "timer", i, i)
         deadline = time.monotonic() + 10
@@ -300,12 +305,6 @@ def test_the_buffer_is_kept_to_its_limit_while_recording_goes_on(monkeypatch):
             time.sleep(0.05)
         assert len(recorder._events) == 100  # trimmed with nobody dumping
         mine = recorder.dump(drain=True)
-    finally:
-        recorder.disable()
-        recorder.reset()
-        monkeypatch.delenv(recorder.MAX_EVENTS_ENV)
-        recorder.enable()  # back to the default buffer
-        recorder.disable()
     assert mine["dropped"] == 900
     assert [e[3] - mine["clock_delta_ns"] for e in mine["events"]] == list(range(900, 1000))  # the newest kept
 
