@@ -309,6 +309,33 @@ def test_the_buffer_is_kept_to_its_limit_while_recording_goes_on(monkeypatch):
     assert [e[3] - mine["clock_delta_ns"] for e in mine["events"]] == list(range(900, 1000))  # the newest kept
 
 
+def test_events_that_give_way_uncounted_make_the_count_a_lower_bound(monkeypatch):
+    """A smaller limit set between two traces counts what it has no room for; and should the trimmer not
+    run while p2p events pour in (they test nothing), the buffer's own bound drops the oldest, and the
+    dump says its count is a lower bound rather than a wrong number."""
+    from rlinf.scheduler.address import WorkerAddress
+    from rlinf.scheduler.tracing import export, wrappers
+
+    with _recording(monkeypatch, max_events=1000):
+        for i in range(1000):
+            recorder.record("i", "early", "timer", i, i)
+        recorder.disable()
+        monkeypatch.setenv(recorder.MAX_EVENTS_ENV, "100")
+        recorder.enable()
+        shrunk = recorder.dump(drain=True)
+        assert (len(shrunk["events"]), shrunk["dropped"], shrunk["overflowed"]) == (100, 900, False)
+
+        recorder._Trimmer.stop()  # as if starved
+        send = wrappers.make("p2p_send", lambda self, peer, transport, frames, deadline, raw=False: None)
+        peer = WorkerAddress("g", 1)
+        for _ in range(recorder._hard_limit(100) + 1000):
+            send(None, peer, "cpu", [b"x"], None)
+        flooded = recorder.dump(drain=True)
+    assert flooded["overflowed"] and flooded["dropped"] >= recorder._hard_limit(100) - 100
+    trace = export.chrome_trace([dict(flooded, label="me", pid=1, host="h")], [])
+    assert any("at least" in n for n in trace["otherData"]["rlinf"]["notes"])
+
+
 class _FakeLink:
     """Hook points of the p2p kinds, for the test below (marked only while it runs)."""
 

@@ -38,8 +38,8 @@ def chrome_trace(dumps: list, notes: Optional[list] = None) -> dict:
         out.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
                     "args": {"labels": f"pid {dump.get('pid')} on {dump.get('host')}"}})
         offsets[label] = dump.get("offset_ns", 0)
-        if dump.get("dropped"):
-            dropped[label] = dump["dropped"]
+        if dump.get("dropped") or dump.get("overflowed"):
+            dropped[label] = (dump.get("dropped", 0), dump.get("overflowed", False))
         tids: dict = {}
         threads = dump.get("threads", {})
         for ph, name, cat, start, end, ident, args in dump["events"]:
@@ -62,8 +62,9 @@ def chrome_trace(dumps: list, notes: Optional[list] = None) -> dict:
             else:
                 out.append({"ph": "i", "s": "t", "name": name, "cat": cat, "ts": ts, "pid": pid, "tid": tid,
                             "args": args or {}})
-    for label, count in dropped.items():
-        notes.append(f"{label}: {count} oldest event(s) gave way to newer ones (RLINF_TRACE_MAX_EVENTS)")
+    for label, (count, overflowed) in dropped.items():
+        at_least = "at least " if overflowed else ""
+        notes.append(f"{label}: {at_least}{count} oldest event(s) gave way to newer ones (RLINF_TRACE_MAX_EVENTS)")
     for note in notes:  # shown on the timeline too, at its start
         out.append({"ph": "i", "s": "g", "name": "trace note", "cat": "trace", "ts": 0, "pid": 1, "tid": 0,
                     "args": {"note": note}})

@@ -2,12 +2,17 @@
 
 Every process that traces (the driver and each worker) appends events to one
 ``deque``: an ``append`` is atomic under the GIL, so recording threads take no
-lock, and test nothing either.  A trimmer thread (``_Trimmer``, every
-``TRIM_INTERVAL`` s while recording is on, and every dump) keeps the buffer to
+lock, and the point-to-point ones test nothing either: a test of the
+buffer's length at each event cost a small p2p round trip about 1.5%
+(measured in place).  A trimmer thread (``_Trimmer``, every ``TRIM_INTERVAL``
+s while recording is on, and every dump) keeps the buffer to
 ``RLINF_TRACE_MAX_EVENTS``: the oldest events give way and their number is
-reported.  A test of the buffer's length at each event cost a small p2p round
-trip about 1.5% (measured in place); the deque's own ``maxlen``, well above
-the limit, only bounds memory should the trimmer not get to run.  Times are ``perf_counter_ns`` (monotonic, cheap);
+reported.  ``record`` (every other event: calls, timers, channel operations,
+much rarer than messages) trims the buffer itself once it is ``_slack(limit)``
+past the limit; the deque's own ``maxlen`` is twice that slack past it, so
+memory stays bounded even if the trimmer is starved, and should it fill up
+anyway (events it drops itself go uncounted) the dump says the count is a
+lower bound (``overflowed``).  Times are ``perf_counter_ns`` (monotonic, cheap);
 ``dump`` turns them into this process's wall clock (``time_ns`` read once at
 ``enable``), and the collector then shifts each process onto the driver's
 clock with the offset it measured.
@@ -55,17 +60,25 @@ clock = time.perf_counter_ns
 TRIM_INTERVAL = 0.25
 
 
+def _slack(capacity: int) -> int:
+    """Events past the limit that ``record`` lets be before trimming itself: a trim interval of messages
+    (each takes microseconds: a few hundred thousand a second at most, over all threads of a process)."""
+    return max(capacity // 8, 1 << 16)
+
+
 def _hard_limit(capacity: int) -> int:
-    """The deque's ``maxlen``: room for a trim interval's events past the limit (millions per second)."""
-    return capacity + max(capacity, 1 << 20)
+    """The deque's ``maxlen``: its memory bound, should the trimmer not run."""
+    return capacity + 2 * _slack(capacity)
 
 
 _capacity = DEFAULT_MAX_EVENTS  # the limit the trimmer keeps the buffer to
+_soft_high = DEFAULT_MAX_EVENTS + _slack(DEFAULT_MAX_EVENTS)  # past this, ``record`` trims itself
 _events: collections.deque = collections.deque(maxlen=_hard_limit(_capacity))
 #: buffers replaced by a new size (``enable``): a p2p wrapper made before, for an operation in flight
 #: across the switch, still appends to its buffer, so they are drained with this one
 _retired: collections.deque = collections.deque(maxlen=8)
 _dropped = 0  # events that gave way to newer ones since the buffer was last drained
+_overflowed = False  # the deque dropped events itself since then (uncounted): _dropped is a lower bound
 _thread_numbers = itertools.count(1)  # unique per thread for the process's life: system thread ids are reused
 _thread_names: dict = {}  # thread number -> (name, weak reference to the thread), for its track
 _whats: dict = {}  # (phase, name, category) -> the one tuple events of that kind hold
@@ -126,17 +139,18 @@ def _max_events() -> int:
 
 def enable() -> bool:
     """Start recording in this process (hook points wrapped); False if it already was."""
-    global _on, _events, _delta_ns, _capacity
+    global _on, _events, _delta_ns, _capacity, _soft_high
     with _lock:
         if _on:
             return False
         size = _max_events()
         if _capacity != size:  # only here, while off: the wrappers installed below hold the buffer
             old, _events = _events, collections.deque(maxlen=_hard_limit(size))
+            _pop_oldest(old, len(old) - size)  # what the new limit has no room for gives way, counted
             for _ in range(len(old)):  # moved one by one: what a late wrapper appends stays in ``old``
                 _events.append(old.popleft())
             _retired.append(old)
-            _capacity = size
+            _capacity, _soft_high = size, size + _slack(size)
         _delta_ns = time.time_ns() - clock()
         from . import hooks, wrappers
 
@@ -180,9 +194,12 @@ def record(phase: str, name: str, cat: str, start: int, end: int, a0=None, a1=No
     """One event; ``a0`` a dict of arguments, or ``a0..a2`` the peer, bytes and transport of a p2p
     event and ``error`` what it raised.
 
-    The point-to-point wrappers do the same written out (see ``wrappers._p2p_send``):
-    the buffer and ``_local.thread`` are their contract too."""
-    _events.append((what(phase, name, cat), start, end, _local.thread, a0, a1, a2 if error is None else (a2, error)))
+    The point-to-point wrappers do the same written out, without the length test (see
+    ``wrappers._p2p_send``): the buffer and ``_local.thread`` are their contract too."""
+    events = _events
+    events.append((what(phase, name, cat), start, end, _local.thread, a0, a1, a2 if error is None else (a2, error)))
+    if len(events) > _soft_high:
+        _trim()
 
 
 def _thread_name(number: int) -> str:
@@ -205,16 +222,24 @@ def _forget_ended_threads(keep: set) -> None:
             _thread_names.pop(number, None)
 
 
+def _pop_oldest(buffer: collections.deque, n: int) -> None:
+    """Drop the ``n`` oldest events of ``buffer``, each counted as it goes (a fork midway leaves a
+    child whose count matches its buffer)."""
+    global _dropped
+    popleft = buffer.popleft
+    for _ in range(max(0, n)):
+        popleft()
+        _dropped += 1
+
+
 def _trim() -> None:
     """Keep the buffer to its limit: the oldest events give way, counted (``_dropped``)."""
-    global _dropped
+    global _overflowed
     with _lock:
-        excess = len(_events) - _capacity
-        if excess > 0:
-            popleft = _events.popleft
-            for _ in range(excess):
-                popleft()
-            _dropped += excess
+        events = _events
+        if len(events) >= events.maxlen:  # it dropped events itself, before anyone could count them
+            _overflowed = True
+        _pop_oldest(events, len(events) - _capacity)
 
 
 class _Trimmer:
@@ -286,26 +311,28 @@ def identity() -> dict:
 
 def dump(drain: bool) -> dict:
     """This process's events on its wall clock, with its identity; ``drain`` empties the buffer."""
-    global _dropped
+    global _dropped, _overflowed
     delta = _delta_ns
     _trim()
     if drain:
-        # popped, not replaced: the recording wrappers hold the buffer.  Its length only grows while
-        # this runs (a full buffer drops one event for each it takes), so every pop finds one, and an
-        # event appended meanwhile is in this dump or stays for the next
+        # popped, not replaced: the recording wrappers hold the buffer.  Its length only shrinks by
+        # these pops (a trim waits for the lock), so every pop finds one, and an event appended
+        # meanwhile is in this dump or stays for the next
         with _lock:
             dropped, _dropped = _dropped, 0
+            overflowed, _overflowed = _overflowed, False
             events = []
             for buffer in (*_retired, _events):
                 popleft = buffer.popleft
                 events += [popleft() for _ in range(len(buffer))]
     else:
-        dropped = _dropped
+        dropped, overflowed = _dropped, _overflowed
         events = [e for buffer in (*_retired, _events) for e in list(buffer)]
     out = identity()
     out["events"] = [(*what, start + delta, end + delta, thread, _args(a0, a1, a2))
                      for what, start, end, thread, a0, a1, a2 in events]
     out["dropped"] = dropped
+    out["overflowed"] = overflowed  # more gave way than counted: ``dropped`` is a lower bound
     out["clock_delta_ns"] = delta  # wall minus monotonic here: how a same-machine reader undoes the wall clock
     out["threads"] = {t: _thread_name(t) for t in {e[3] for e in events}}
     if drain:
@@ -315,8 +342,8 @@ def dump(drain: bool) -> dict:
 
 def reset() -> None:
     """Forget every event (tests; a released MPI rank starting a new worker)."""
-    global _dropped
+    global _dropped, _overflowed
     with _lock:
         _events.clear()
         _retired.clear()
-        _dropped = 0
+        _dropped, _overflowed = 0, False
