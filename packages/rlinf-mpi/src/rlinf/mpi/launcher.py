@@ -175,7 +175,8 @@ class MpiSession(LauncherSession):
     def start_workers(self, specs, payload, timeout):
         group = specs[0].group_key
         deadline = time.monotonic() + timeout
-        line = progress.Progress()  # before ranks are taken: a bad RLINF_PROGRESS_* must not leave them taken
+        # made before ranks are taken: a bad RLINF_PROGRESS_AFTER or _EVERY must not leave them taken
+        line = progress.Progress()
         ranks = self._coordinator("allocate", (group, [s.node.node_rank for s in specs]))
         started: list[int] = []
         try:
