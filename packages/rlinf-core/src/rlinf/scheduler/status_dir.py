@@ -11,6 +11,7 @@ processes killed before they removed their own (``remove_leftovers``).
 
 from __future__ import annotations
 
+import atexit
 import glob
 import json
 import os
@@ -19,6 +20,8 @@ import stat
 import tempfile
 import time
 from typing import Optional
+
+from . import jsonfile
 
 STATUS_DIR_ENV = "RLINF_STATUS_DIR"
 
@@ -52,18 +55,36 @@ def publish(name: str, body: dict, prefix: str) -> str:
     path = os.path.join(directory, name)
     if not os.path.exists(path):
         remove_leftovers(directory, prefix)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{prefix}-", suffix=".tmp")  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(body, f)
-        os.replace(tmp, path)
-    except BaseException:
+    return jsonfile.replace(path, body, f".{prefix}-", ".tmp")  # mode 0600
+
+
+class PublishedFile:
+    """This process's ``<prefix>-<host>-<pid>.json`` in the private directory: rewritten by ``write``,
+    removed by ``remove`` or at exit.  Best effort: status is an aid, and a read-only or foreign
+    directory must not break the job that publishes."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.path: Optional[str] = None
+        self._at_exit = False
+
+    def write(self, body: dict) -> bool:
         try:
-            os.unlink(tmp)
+            self.path = publish(f"{self.prefix}-{socket.gethostname()}-{os.getpid()}.json", body, self.prefix)
         except OSError:
-            pass
-        raise
-    return path
+            return False
+        if not self._at_exit:
+            atexit.register(self.remove)
+            self._at_exit = True
+        return True
+
+    def remove(self) -> None:
+        path, self.path = self.path, None
+        if path is not None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 # -- whether the process that wrote a file still runs -------------------------------------------------

@@ -20,7 +20,6 @@ JSON only, nothing is unpickled.
 
 from __future__ import annotations
 
-import atexit
 import glob
 import json
 import os
@@ -33,9 +32,9 @@ from rlinf.scheduler.address import WorkerAddress
 from rlinf.scheduler.info import WorkerInfo
 from rlinf.scheduler.launcher import GroupRecord, WorkerRecord
 from rlinf.scheduler.status_dir import private_status_dir, process_mark, runs_here, status_dir
-from rlinf.scheduler.status_dir import publish as publish_file
+from rlinf.scheduler.status_dir import PublishedFile
 
-_path: Optional[str] = None
+_file = PublishedFile("mpi")
 _refresher: Optional[threading.Thread] = None
 _stop = threading.Event()
 
@@ -63,7 +62,7 @@ def _refresh() -> None:
     """Touch the job's file while it runs (bounded sleeps; ``unpublish`` ends it at once)."""
     interval = refresh_interval()
     while not _stop.wait(interval):
-        path = _path
+        path = _file.path
         if path is None:
             return
         try:
@@ -81,18 +80,12 @@ def _worker(record) -> dict:
 
 def publish(records) -> None:
     """Rank 0: write the job's groups (called with the registry's lock held, so writes do not interleave)."""
-    global _path, _refresher
-    host = socket.gethostname()
+    global _refresher
     body = {"launcher": "mpi", **process_mark(), "refresh": refresh_interval(),
             "groups": [{"name": r.name, "class": r.class_name, "workers": [_worker(w) for w in r.workers]}
                        for r in records]}
-    try:
-        path = publish_file(f"mpi-{host}-{os.getpid()}.json", body, "mpi")
-    except OSError:
-        return  # status is an aid: a read-only or foreign directory must not break the job
-    if _path is None:
-        atexit.register(unpublish)
-    _path = path
+    if not _file.write(body):
+        return
     if _refresher is None:
         _stop.clear()
         _refresher = threading.Thread(target=_refresh, name="rlinf-status-refresh", daemon=True)
@@ -100,15 +93,10 @@ def publish(records) -> None:
 
 
 def unpublish() -> None:
-    global _path, _refresher
+    global _refresher
     _stop.set()
     _refresher = None
-    if _path is not None:
-        try:
-            os.unlink(_path)
-        except OSError:
-            pass
-        _path = None
+    _file.remove()
 
 
 def _job_refresh(body: dict) -> float:

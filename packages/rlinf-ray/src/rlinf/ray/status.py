@@ -17,7 +17,6 @@ not set.
 
 from __future__ import annotations
 
-import atexit
 import glob
 import json
 import logging
@@ -27,34 +26,20 @@ import time
 from typing import Optional
 
 from rlinf.scheduler.status_dir import private_status_dir, process_mark, runs_here
-from rlinf.scheduler.status_dir import publish as publish_file
+from rlinf.scheduler.status_dir import PublishedFile
 
 from .registry import REGISTRY_ACTOR_NAME
 
-_published: Optional[str] = None
+_file = PublishedFile("ray")
 
 
 def publish_embedded(address: str, token: Optional[str]) -> None:
     """The driver of an embedded cluster: say where it is, for the status command (best effort)."""
-    global _published
-    body = {"launcher": "ray", **process_mark(), "address": address, "token": token}
-    try:
-        path = publish_file(f"ray-{body['host']}-{body['pid']}.json", body, "ray")
-    except OSError:
-        return  # status is an aid: a read-only or foreign directory must not stop the driver
-    if _published is None:
-        atexit.register(unpublish_embedded)
-    _published = path
+    _file.write({"launcher": "ray", **process_mark(), "address": address, "token": token})
 
 
 def unpublish_embedded() -> None:
-    global _published
-    if _published is not None:
-        try:
-            os.unlink(_published)
-        except OSError:
-            pass
-        _published = None
+    _file.remove()
 
 
 def _embedded() -> Optional[tuple]:

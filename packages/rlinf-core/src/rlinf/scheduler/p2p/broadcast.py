@@ -670,7 +670,7 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
             seg = None
             comm._start_housekeeping()  # trims the pool once broadcasts stop
         for t in threads:
-            t.join()  # bounded: every send in _feed has the deadline
+            t.join(max(0.0, deadline - time.monotonic()) + 5.0)  # every send in _feed ends by the deadline
         for c in children:
             if c not in shm_children:
                 errors += c.acknowledgement(deadline)

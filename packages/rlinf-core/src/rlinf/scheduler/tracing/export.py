@@ -11,10 +11,11 @@ start, each process's clock offset and what could not be collected.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from typing import Optional
+
+from .. import jsonfile
 
 
 def _sort_key(dump: dict):
@@ -93,32 +94,9 @@ def probe_folder(folder: str) -> None:
 
 def write_elsewhere(trace: dict) -> str:
     """Write ``trace`` to a new file in the temporary folder (readable by its owner only); returns its path."""
-    fd, path = tempfile.mkstemp(prefix="rlinf-trace-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(trace, f, separators=(",", ":"))
-    except BaseException:
-        try:
-            os.unlink(path)  # half a file is no trace
-        except OSError:
-            pass
-        raise
-    return path
+    return jsonfile.write_new(trace, None, "rlinf-trace-", ".json", compact=True)
 
 
 def write(path, trace: dict) -> str:
     """Write ``trace`` to ``path`` atomically (a reader never sees half a file); returns the path."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".rlinf-trace-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(trace, f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    return jsonfile.replace(os.fspath(path), trace, ".rlinf-trace-", ".json", compact=True)

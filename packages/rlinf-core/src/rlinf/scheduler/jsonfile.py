@@ -1,0 +1,43 @@
+"""JSON files written whole: a reader never sees half of one, and a failed write leaves nothing behind.
+
+Used for the trace file (``tracing.export``) and the files a job publishes for the status command
+(``status_dir``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Optional
+
+
+def write_new(body, folder: Optional[str], prefix: str, suffix: str, compact: bool = False) -> str:
+    """``body`` as JSON in a new file of ``folder`` (the temporary folder if None), mode 0600 (``mkstemp``);
+    the file is removed if the write fails.  Returns its path."""
+    fd, path = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f, separators=(",", ":") if compact else None)
+    except BaseException:
+        _unlink(path)
+        raise
+    return path
+
+
+def replace(path: str, body, tmp_prefix: str, tmp_suffix: str, compact: bool = False) -> str:
+    """Write ``body`` to ``path`` atomically: a new file beside it (``write_new``), renamed over it."""
+    tmp = write_new(body, os.path.dirname(os.path.abspath(path)), tmp_prefix, tmp_suffix, compact)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return path
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
