@@ -147,7 +147,9 @@ class SocketLink(Link):
       writing, so the receiver reads every earlier message, then an end of
       stream that tells it to discard the torn one.
     * A receive whose deadline passes, mid-message or not, keeps what it read
-      for the next receive.
+      for the next receive.  Its deadline bounds the call even while bytes keep
+      arriving (checked after each read), so a long message under short
+      deadlines arrives over several receives.
     * A receive raises ``EOFError``-flavoured ``ConnectionError``
       (``LinkClosed``) only once every complete message the peer sent has
       been delivered.
@@ -165,6 +167,7 @@ class SocketLink(Link):
         self._poll_out = select.poll()
         self._poll_out.register(self._fd, select.POLLOUT)
         self._spin = _spin_seconds()
+        self._reads_bounded = True  # a receive's deadline ends it between reads too (off in recv_nowait)
         self._shm_min = int(os.environ.get(SHM_MIN_ENV, str(1 << 16)))
         self._pool = self._cache = None
         if local:  # numpy and the segment code load only where shared memory is used
@@ -514,7 +517,11 @@ class SocketLink(Link):
                 self._closed(True)
             pos += n
             progress[0] = pos
-            self._moved_at = time.monotonic()
+            self._moved_at = now = time.monotonic()
+            if deadline is not None and now >= deadline and pos < target.nbytes and self._reads_bounded:
+                # the deadline bounds the call, also while bytes keep coming: a receiver
+                # slower than its sender finds data at every read and never waits
+                raise TimeoutError("deadline passed")
 
     def _read_head(self, deadline: Optional[float]) -> _Partial:
         """Parse the next message's head, consuming it only once all of it has arrived."""
@@ -591,6 +598,7 @@ class SocketLink(Link):
         peers.
         """
         self._spin = 0.0
+        self._reads_bounded = False  # the reader takes what is there; receives wait in _pop_ahead
         self._ahead_bytes = 0
         self._ahead_budget = budget
         self._ahead_paused = False
@@ -655,12 +663,13 @@ class SocketLink(Link):
         """A complete message, or None without waiting or spinning; a message half read is kept for the next call."""
         with self._rlock:
             spin, self._spin = self._spin, 0.0
+            self._reads_bounded = False  # reads on while bytes are there: a caller's poll would only wake it again
             try:
                 return self._next(time.monotonic())  # a passed deadline: the first EAGAIN raises TimeoutError
             except TimeoutError:
                 return None
             finally:
-                self._spin = spin
+                self._spin, self._reads_bounded = spin, True
 
     def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
         views = [memoryview(t).cast("B") for t in targets]
