@@ -209,3 +209,15 @@ def test_consumer_blocked_on_dead_host_raises(cluster, workers):
     os.kill(pid, signal.SIGKILL)
     kind, text, waited = r.wait()[0]
     assert kind == "PeerDiedError" and "doomed" in text and waited < 15
+
+
+def test_a_channel_whose_host_was_stopped_is_created_afresh(cluster):
+    """The host group this process launched for a channel was stopped: create launches a new, empty one."""
+    ch = Channel.create("restartable")
+    ch.put("old", timeout=20)
+    host = _hosts["restartable"]
+    host.stop()
+    again = Channel.create("restartable")
+    assert _hosts["restartable"] is not host
+    again.put("new", timeout=20)
+    assert again.get(timeout=20) == "new" and again.qsize() == 0

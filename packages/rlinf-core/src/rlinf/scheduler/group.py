@@ -412,6 +412,11 @@ class WorkerGroup:
             raise RuntimeError(f"worker group of {self._cls.__name__} is not launched: call .launch(cluster) first")
         return session
 
+    def _running(self) -> bool:
+        """Launched, and neither stopped nor ended with its cluster."""
+        session = self._session
+        return session is not None and not is_ended(session)
+
     def _end(self, why: str) -> None:
         _launched.discard(self)
         self._session = None

@@ -121,8 +121,12 @@ class Channel:
         deadline = time.monotonic() + config.launch_timeout()
         while True:
             with _lock:
-                if name in _hosts:
+                host = _hosts.get(name)
+                if host is not None and host._running():
                     return cls(name, maxsize)
+                if _hosts.pop(name, None) is not None:  # a host this process stopped is launched afresh, not reused
+                    for slot in [s for s in _clients if s[0] == name]:  # with connections to the new host
+                        _clients.pop(slot).close(grace=0)
                 try:
                     nodes = [n.node_rank for n in cluster.nodes] if distributed else [node_id]
                     _hosts[name] = ChannelHostWorker.create_group(name, maxsize).launch(
