@@ -466,16 +466,20 @@ def test_a_nowait_put_behind_a_stalled_send_times_out_and_the_connection_lives(c
     assert ch.get(key="small", timeout=20) == 2
 
 
+SLOW_PUT_MIB = 384  # 4.5-10 s at this duty cycle, measured: at least 3 times the 1.5 s of silence allowed
+
+
 def test_a_put_that_takes_longer_than_the_silence_allowed_lives_while_its_bytes_move(cluster, short_limits, monkeypatch):
     """A large item over TCP to a host that reads it slowly takes longer than either side may stay
-    silent (2.5 s here), and no whole message crosses meanwhile: bytes moving count as hearing from
-    the peer, on both sides, so neither gives the connection up."""
+    silent (1.5 s here: 0.3 s heartbeats), and no whole message crosses meanwhile: bytes moving
+    count as hearing from the peer, on both sides, so neither gives the connection up."""
     monkeypatch.setenv("RLINF_CPU_LOCAL", "0")
+    monkeypatch.setenv("RLINF_CHANNEL_HEARTBEAT", "0.3")
     ch = Channel.create("slow-reader")
     ch.put(0, key="warm", timeout=20)
     assert ch.get(key="warm", timeout=20) == 0
     pid = _host_pid(cluster, "slow-reader")
-    big = torch.ones(1024 * MiB, dtype=torch.uint8)
+    big = torch.ones(SLOW_PUT_MIB * MiB, dtype=torch.uint8)
     done = threading.Event()
     errors = []
 
@@ -490,16 +494,18 @@ def test_a_put_that_takes_longer_than_the_silence_allowed_lives_while_its_bytes_
     start = time.monotonic()
     threading.Thread(target=put, daemon=True).start()
     try:
-        while not done.is_set() and time.monotonic() - start < 30:  # the host runs 0.1 s of every 0.45 s
+        while not done.is_set() and time.monotonic() - start < 30:  # the host runs 0.05 s of every 0.45 s
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.35)
+            time.sleep(0.4)
             os.kill(pid, signal.SIGCONT)
-            time.sleep(0.1)
+            time.sleep(0.05)
     finally:
         os.kill(pid, signal.SIGCONT)
     if errors:
         import traceback
         traceback.print_exception(errors[0])
     assert done.wait(30) and not errors, errors
-    assert time.monotonic() - start > 3, "the put went through too fast to prove anything"
-    assert int(ch.get(key="big", timeout=30).sum()) == 1024 * MiB
+    took = time.monotonic() - start
+    print(f"{SLOW_PUT_MIB} MiB put to a throttled host in {took:.1f} s")
+    assert took > 3, "the put went through too fast to prove anything"
+    assert int(ch.get(key="big", timeout=30).sum()) == SLOW_PUT_MIB * MiB

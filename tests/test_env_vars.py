@@ -256,6 +256,7 @@ EMBEDDED = """
     probes = []
     for label, token in clients:  # at once: each client is its own process, judged on its own output
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        env["RAY_NUM_REDIS_GET_RETRIES"] = "3"  # a refused client gives up after 3 tries, not 20 (a second each)
         if token:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
         env["HOME"] = os.path.join(sys.argv[1], label.replace(" ", "_"))  # the client's own HOME: what Ray's
