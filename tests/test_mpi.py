@@ -192,6 +192,37 @@ KILLS_A_WORKER = """
 
 
 @pytest.mark.timeout(120)
+def test_a_wait_in_progress_when_the_program_ends_does_not_abort_the_rank(tmp_path):
+    """A thread still polling an MPI request when the program returns: the rank finalizes cleanly
+    (a test after MPI_Finalize aborted it: "Attempting to use an MPI routine ... after finalizing")."""
+    path = program(tmp_path, """
+        import threading, time
+        from mpi4py import MPI
+        from rlinf.scheduler import Cluster
+        from rlinf.mpi.polling import wait_for
+
+        Cluster(launcher="mpi")
+        ended = []
+
+        def wait():  # a message that never comes, polled with a deadline far away
+            try:
+                wait_for(lambda: MPI.COMM_WORLD.Iprobe(source=1, tag=4242), time.monotonic() + 60)
+            except ConnectionError as exc:
+                ended.append(str(exc))
+
+        for _ in range(16):
+            threading.Thread(target=wait, daemon=True).start()
+        time.sleep(0.3)
+        print("RETURNING", flush=True)
+    """)
+    for _ in range(3):  # a race: each run lost it about half the time
+        code, out, took = mpirun(2, [path], timeout=100)
+        assert "RETURNING" in out, out
+        assert code == 0 and "after finalizing" not in out, out
+        assert took < 30, out
+
+
+@pytest.mark.timeout(120)
 def test_a_worker_that_dies_ends_the_job(tmp_path):
     path = program(tmp_path, KILLS_A_WORKER)
     code, out, took = mpirun(3, [path], timeout=100)

@@ -10,6 +10,7 @@ then sleeps in growing steps up to ``MAX_SLEEP`` (CPU), and raises
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Optional
 
@@ -23,6 +24,38 @@ _FIRST_SLEEP = 0.00002
 
 _spin_cache: dict = {}
 _testall = None
+
+# Waits in progress, so that ``MPI_Finalize`` runs only once none of them can call MPI again:
+# a test after it aborts the rank ("Attempting to use an MPI routine ... after finalizing").
+_waits = 0
+_waits_lock = threading.Lock()
+_waits_done = threading.Condition(_waits_lock)
+_ending = False
+
+
+def _enter() -> None:
+    global _waits
+    with _waits_lock:
+        if _ending:
+            raise ConnectionError("this MPI rank is ending (MPI_Finalize)")
+        _waits += 1
+
+
+def _leave() -> None:
+    global _waits
+    with _waits_lock:
+        _waits -= 1
+        if not _waits:
+            _waits_done.notify_all()
+
+
+def end_waits(timeout: float) -> bool:
+    """Before ``MPI_Finalize``: every wait ends at its next test (``ConnectionError``), no new one
+    starts, and this returns once none is left (False if some still were after ``timeout`` s)."""
+    global _ending
+    with _waits_lock:
+        _ending = True
+        return _waits_done.wait_for(lambda: not _waits, timeout)
 
 
 def spin_seconds() -> float:
@@ -42,8 +75,17 @@ def wait_for(test: Callable[[], object], deadline: Optional[float], what: str = 
     """Call ``test`` until it returns something truthy; return that.
 
     ``alive`` (checked about once a second) lets a wait end early with
-    ``ConnectionError`` when the peer is known to be gone.
+    ``ConnectionError`` when the peer is known to be gone; so does the end
+    of this rank (``end_waits``), at the next test.
     """
+    _enter()
+    try:
+        return _wait_for(test, deadline, what, alive)
+    finally:
+        _leave()
+
+
+def _wait_for(test, deadline, what, alive):
     result = test()
     if result:
         return result
@@ -65,6 +107,8 @@ def wait_for(test: Callable[[], object], deadline: Optional[float], what: str = 
             next_check = now + 1.0
         time.sleep(sleep if deadline is None else max(0.0, min(sleep, deadline - now)))
         sleep = min(sleep * 2, MAX_SLEEP)
+        if _ending:
+            raise ConnectionError("this MPI rank is ending (MPI_Finalize)")
         result = test()
         if result:
             return result
@@ -82,5 +126,9 @@ def wait_requests(requests: list, deadline: Optional[float], what: str = "deadli
 
         _testall = MPI.Request.Testall
     testall = _testall
-    if not testall(requests):
-        wait_for(lambda: testall(requests), deadline, what, alive)
+    _enter()
+    try:
+        if not testall(requests):
+            wait_for(lambda: testall(requests), deadline, what, alive)
+    finally:
+        _leave()

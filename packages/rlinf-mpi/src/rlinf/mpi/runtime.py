@@ -215,6 +215,8 @@ def finalize() -> None:
         callback()
     from mpi4py import MPI
 
-    time.sleep(0.01)  # threads waiting on a link see it closed at their next test
+    from .polling import end_waits
+
+    end_waits(2.0)  # threads waiting on MPI requests leave at their next test (a millisecond at most)
     if not MPI.Is_finalized():
         MPI.Finalize()
