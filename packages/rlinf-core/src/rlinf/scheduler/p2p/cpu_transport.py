@@ -562,11 +562,13 @@ class SocketLink(Link):
                         end = max(o + m for w, _s, o, m in frames if w == SHM)
                         msg.shm = self._cache.view(seg_id, 0, end)
                     out.append(msg.shm[off : off + n])
-                elif msg.pos == 0 and n <= self._rend - self._rstart:  # already buffered: one copy
+                elif len(out) == msg.index and n <= self._rend - self._rstart:  # already buffered: one copy
                     out.append(bytearray(self._rview[self._rstart : self._rstart + n]))
                     self._rstart += n
                 else:
-                    if msg.pos == 0:
+                    # a buffer per frame, made once: a receive that timed out before the frame's first
+                    # byte made it already (pos 0 does not say whether one exists)
+                    if len(out) == msg.index:
                         out.append(_receive_buffer(n))
                     progress = [msg.pos]
                     try:
@@ -663,13 +665,13 @@ class SocketLink(Link):
         """A complete message, or None without waiting or spinning; a message half read is kept for the next call."""
         with self._rlock:
             spin, self._spin = self._spin, 0.0
-            self._reads_bounded = False  # reads on while bytes are there: a caller's poll would only wake it again
+            bounded, self._reads_bounded = self._reads_bounded, False  # reads on while bytes are there
             try:
                 return self._next(time.monotonic())  # a passed deadline: the first EAGAIN raises TimeoutError
             except TimeoutError:
                 return None
             finally:
-                self._spin, self._reads_bounded = spin, True
+                self._spin, self._reads_bounded = spin, bounded
 
     def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
         views = [memoryview(t).cast("B") for t in targets]
