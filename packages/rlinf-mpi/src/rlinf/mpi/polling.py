@@ -49,6 +49,21 @@ def _leave() -> None:
             _waits_done.notify_all()
 
 
+class _InMpi:
+    """``with IN_MPI:`` around MPI calls: counted like a wait, refused once the rank is ending."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        _enter()
+
+    def __exit__(self, *exc) -> None:
+        _leave()
+
+
+IN_MPI = _InMpi()
+
+
 def end_waits(timeout: float) -> bool:
     """Before ``MPI_Finalize``: every wait ends at its next test (``ConnectionError``), no new one
     starts, and this returns once none is left (False if some still were after ``timeout`` s)."""
@@ -78,11 +93,8 @@ def wait_for(test: Callable[[], object], deadline: Optional[float], what: str = 
     ``ConnectionError`` when the peer is known to be gone; so does the end
     of this rank (``end_waits``), at the next test.
     """
-    _enter()
-    try:
+    with IN_MPI:
         return _wait_for(test, deadline, what, alive)
-    finally:
-        _leave()
 
 
 def _wait_for(test, deadline, what, alive):
@@ -126,9 +138,6 @@ def wait_requests(requests: list, deadline: Optional[float], what: str = "deadli
 
         _testall = MPI.Request.Testall
     testall = _testall
-    _enter()
-    try:
+    with IN_MPI:
         if not testall(requests):
-            wait_for(lambda: testall(requests), deadline, what, alive)
-    finally:
-        _leave()
+            _wait_for(lambda: testall(requests), deadline, what, alive)

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import cloudpickle
 
 from . import runtime
-from .polling import MAX_SLEEP, wait_requests
+from .polling import IN_MPI, MAX_SLEEP, wait_requests
 
 log = logging.getLogger("rlinf.mpi")
 
@@ -64,8 +64,9 @@ def rank_alive(rank: int) -> bool:
 def send_bytes(comm, data, dest: int, tag: int, deadline: Optional[float]) -> None:
     from mpi4py import MPI
 
-    req = comm.Isend([data, MPI.BYTE], dest, tag)
-    wait_requests([req], deadline, f"rank {dest} did not take a message", alive=lambda: rank_alive(dest))
+    with IN_MPI:
+        req = comm.Isend([data, MPI.BYTE], dest, tag)
+        wait_requests([req], deadline, f"rank {dest} did not take a message", alive=lambda: rank_alive(dest))
 
 
 def _receive_matched(message, status) -> bytearray:

@@ -31,7 +31,7 @@ import numpy as np
 from rlinf.scheduler.p2p.transport import READ_AHEAD_MESSAGE_COST, HeldWithin, Link, LinkClosed, Transport
 
 from . import runtime
-from .polling import wait_for, wait_requests
+from .polling import IN_MPI, wait_for, wait_requests
 from .service import TAG_HELLO, rank_alive, send_bytes, service
 
 _HEAD = struct.Struct("<BH")
@@ -110,7 +110,7 @@ class MpiLink(Link):
             frame = frames[0]
             if (len(frame) if type(frame) is bytes else _nbytes(frame)) <= INLINE_MAX:
                 message = b"".join((_SINGLE[raw], frame))
-                with HeldWithin(self._send_lock, deadline, "send"):
+                with HeldWithin(self._send_lock, deadline, "send"), IN_MPI:
                     request = self._comm.Isend([message, _BYTE], self.peer, self._send_tag)
                     if request.Test():  # small messages are buffered by MPI at once
                         return
@@ -123,7 +123,7 @@ class MpiLink(Link):
         head = _HEAD.pack(flags, len(frames)) + _SIZES[len(sizes)].pack(*sizes) if len(sizes) < 8 else (
             _HEAD.pack(flags, len(frames)) + b"".join(_SIZE.pack(n) for n in sizes))
         comm, peer, tag = self._comm, self.peer, self._send_tag
-        with HeldWithin(self._send_lock, deadline, "send"):
+        with HeldWithin(self._send_lock, deadline, "send"), IN_MPI:
             if inline:
                 message = b"".join([head, *frames])
                 request = comm.Isend([message, _BYTE], peer, tag)
@@ -227,7 +227,7 @@ class MpiLink(Link):
     def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
         if self._peer_closed or not self._open:
             self._check_open()
-        with HeldWithin(self._recv_lock, deadline, "receive"):
+        with HeldWithin(self._recv_lock, deadline, "receive"), IN_MPI:
             flags, buffers = self._next_message(deadline)
         if flags & FLAG_INLINE:
             return bool(flags & FLAG_RAW), buffers
@@ -236,7 +236,7 @@ class MpiLink(Link):
     def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
         self._check_open()
         wanted = [_nbytes(t) for t in targets]
-        with HeldWithin(self._recv_lock, deadline, "receive"):
+        with HeldWithin(self._recv_lock, deadline, "receive"), IN_MPI:
             message, status = self._match(deadline)
             if message is None:  # read ahead while we waited
                 return self._recv_into_ahead(targets, wanted)
