@@ -120,21 +120,26 @@ class Channel:
         cluster = cluster or Cluster()
         deadline = time.monotonic() + config.launch_timeout()
         while True:
-            with _lock:
-                host = _hosts.get(name)
-                if host is not None and host._running():
-                    return cls(name, maxsize)
-                if _hosts.pop(name, None) is not None:  # a host this process stopped is launched afresh, not reused
-                    for slot in [s for s in _clients if s[0] == name]:  # with connections to the new host
-                        _clients.pop(slot).close(grace=0)
-                try:
-                    nodes = [n.node_rank for n in cluster.nodes] if distributed else [node_id]
-                    _hosts[name] = ChannelHostWorker.create_group(name, maxsize).launch(
-                        cluster, placement_strategy=NodePlacementStrategy(nodes), name=group
-                    )
-                    return cls(name, maxsize)
-                except GroupNameError:
-                    pass  # another process holds the name: it runs the host, or is launching it
+            stale: list = []
+            try:
+                with _lock:
+                    host = _hosts.get(name)
+                    if host is not None and host._running():
+                        return cls(name, maxsize)
+                    if _hosts.pop(name, None) is not None:  # a host this process stopped is launched afresh
+                        _replica_counts.pop(name, None)
+                        stale = [_clients.pop(slot) for slot in [s for s in _clients if s[0] == name]]
+                    try:
+                        nodes = [n.node_rank for n in cluster.nodes] if distributed else [node_id]
+                        _hosts[name] = ChannelHostWorker.create_group(name, maxsize).launch(
+                            cluster, placement_strategy=NodePlacementStrategy(nodes), name=group
+                        )
+                        return cls(name, maxsize)
+                    except GroupNameError:
+                        pass  # another process holds the name: it runs the host, or is launching it
+            finally:
+                for client in stale:  # the old host's connections, closed outside the lock (their callbacks run)
+                    client.close(grace=0)
             # lost the race: connect once the winner's host is registered; if the winner's launch
             # failed (the name is released again) the next round launches the host here
             if cluster.session.lookup_group(group) is not None:
