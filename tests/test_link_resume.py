@@ -18,6 +18,7 @@ A, B = b"a" * 3000, b"b" * 5000
 
 def _tcp_pair():
     listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)  # accept: bounded (the connection is made already)
     try:
         out = socket.create_connection(listener.getsockname(), timeout=10)
         inc, _ = listener.accept()

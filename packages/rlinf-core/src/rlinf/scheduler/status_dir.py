@@ -87,6 +87,35 @@ class PublishedFile:
                 pass
 
 
+def _read_all(directory: str, pattern: str) -> list:
+    """``(path, body, mtime)`` of the files of ``directory`` matching ``pattern`` (a glob), by name;
+    files that cannot be read, are half written or hold no JSON object are skipped."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(directory, pattern))):
+        try:
+            with open(path) as f:
+                body = json.load(f)
+                mtime = os.fstat(f.fileno()).st_mtime
+        except (OSError, ValueError):
+            continue
+        if isinstance(body, dict):
+            found.append((path, body, mtime))
+    return found
+
+
+def published(pattern: str) -> Optional[list]:
+    """What jobs published in the private directory: ``(path, body, mtime)`` of the files matching
+    ``pattern``; None when there is no directory.  A directory that is not private raises
+    ``RuntimeError``: its files could be anyone's."""
+    try:
+        directory = private_status_dir(create=False)
+    except FileNotFoundError:
+        return None
+    except PermissionError as exc:
+        raise RuntimeError(str(exc)) from None
+    return _read_all(directory, pattern)
+
+
 # -- whether the process that wrote a file still runs -------------------------------------------------
 def _started(pid: int) -> Optional[int]:
     """When process ``pid`` started (clock ticks since boot, ``/proc``); None where that cannot be read."""
@@ -150,11 +179,9 @@ def remove_leftovers(directory: str, prefix: str) -> None:
                 os.unlink(path)
         except OSError:
             continue
-    for path in glob.glob(os.path.join(directory, f"{prefix}-{host}-*.json")):
-        try:
-            with open(path) as f:
-                body = json.load(f)
-            if body.get("host") == host and body.get("pid") != os.getpid() and not runs_here(body):
+    for path, body, _mtime in _read_all(directory, f"{prefix}-{host}-*.json"):
+        if body.get("host") == host and body.get("pid") != os.getpid() and not runs_here(body):
+            try:
                 os.unlink(path)
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue
+            except OSError:
+                continue

@@ -30,14 +30,14 @@ _testall = None
 _waits = 0
 _waits_lock = threading.Lock()
 _waits_done = threading.Condition(_waits_lock)
-_ending = False
+_ending: Optional[str] = None  # why no MPI call may start any more (set by ``end_waits``)
 
 
 def _enter() -> None:
     global _waits
     with _waits_lock:
         if _ending:
-            raise ConnectionError("this MPI rank is ending (MPI_Finalize)")
+            raise ConnectionError(_ending)
         _waits += 1
 
 
@@ -64,12 +64,13 @@ class _InMpi:
 IN_MPI = _InMpi()
 
 
-def end_waits(timeout: float) -> bool:
-    """Before ``MPI_Finalize``: every wait ends at its next test (``ConnectionError``), no new one
-    starts, and this returns once none is left (False if some still were after ``timeout`` s)."""
+def end_waits(timeout: float, who: str) -> bool:
+    """Before ``MPI_Finalize``: every wait ends at its next test (``ConnectionError`` naming ``who``,
+    the ending rank), no new one starts, and this returns once none is left (False if some still were
+    after ``timeout`` s)."""
     global _ending
     with _waits_lock:
-        _ending = True
+        _ending = f"{who} is ending (MPI_Finalize): no more MPI operations on it"
         return _waits_done.wait_for(lambda: not _waits, timeout)
 
 
@@ -120,7 +121,7 @@ def _wait_for(test, deadline, what, alive):
         time.sleep(sleep if deadline is None else max(0.0, min(sleep, deadline - now)))
         sleep = min(sleep * 2, MAX_SLEEP)
         if _ending:
-            raise ConnectionError("this MPI rank is ending (MPI_Finalize)")
+            raise ConnectionError(_ending)
         result = test()
         if result:
             return result

@@ -14,7 +14,6 @@ import os
 import re
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -217,6 +216,6 @@ def finalize() -> None:
 
     from .polling import end_waits
 
-    end_waits(2.0)  # threads waiting on MPI requests leave at their next test (a millisecond at most)
+    end_waits(2.0, f"MPI rank {_world.rank} on {socket.gethostname()}")  # threads waiting on MPI requests leave at their next test (a millisecond at most)
     if not MPI.Is_finalized():
         MPI.Finalize()

@@ -20,8 +20,6 @@ JSON only, nothing is unpickled.
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import socket
 import threading
@@ -31,7 +29,7 @@ from typing import Optional
 from rlinf.scheduler.address import WorkerAddress
 from rlinf.scheduler.info import WorkerInfo
 from rlinf.scheduler.launcher import GroupRecord, WorkerRecord
-from rlinf.scheduler.status_dir import private_status_dir, process_mark, runs_here, status_dir
+from rlinf.scheduler.status_dir import process_mark, published, runs_here, status_dir
 from rlinf.scheduler.status_dir import PublishedFile
 
 _file = PublishedFile("mpi")
@@ -106,21 +104,13 @@ def _job_refresh(body: dict) -> float:
 
 def running_groups(timeout: float) -> Optional[dict]:
     """The groups of the MPI jobs of this user that the status directory shows; None if there is none."""
-    try:
-        directory = private_status_dir(create=False)
-    except FileNotFoundError:
+    files = published("mpi-*.json")
+    if files is None:
         return None
-    except PermissionError as exc:
-        raise RuntimeError(str(exc)) from None
     groups, jobs, notes = [], [], []
     here = socket.gethostname()
-    for path in sorted(glob.glob(os.path.join(directory, "mpi-*.json"))):
-        try:
-            with open(path) as f:
-                body = json.load(f)
-                age = time.time() - os.fstat(f.fileno()).st_mtime
-        except (OSError, ValueError):
-            continue
+    for path, body, mtime in files:
+        age = time.time() - mtime
         host = body.get("host", here)
         if host == here:
             if not runs_here(body):

@@ -17,15 +17,13 @@ not set.
 
 from __future__ import annotations
 
-import glob
-import json
 import logging
 import os
 import socket
 import time
 from typing import Optional
 
-from rlinf.scheduler.status_dir import private_status_dir, process_mark, runs_here
+from rlinf.scheduler.status_dir import process_mark, published, runs_here
 from rlinf.scheduler.status_dir import PublishedFile
 
 from .registry import REGISTRY_ACTOR_NAME
@@ -44,23 +42,10 @@ def unpublish_embedded() -> None:
 
 def _embedded() -> Optional[tuple]:
     """``(address, token, pid)`` of the newest embedded cluster of this machine still running, or None."""
-    try:
-        directory = private_status_dir(create=False)
-    except FileNotFoundError:
-        return None
-    except PermissionError as exc:
-        raise RuntimeError(str(exc)) from None
-    found = []
-    for path in glob.glob(os.path.join(directory, f"ray-{socket.gethostname()}-*.json")):
-        try:
-            with open(path) as f:
-                body = json.load(f)
-                when = os.fstat(f.fileno()).st_mtime
-            if runs_here(body) and isinstance(body.get("address"), str):
-                found.append((when, body["address"], body.get("token"), body.get("pid")))
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue
-    return max(found)[1:] if found else None
+    found = [(mtime, body["address"], body.get("token"), body.get("pid"))
+             for _path, body, mtime in published(f"ray-{socket.gethostname()}-*.json") or ()
+             if runs_here(body) and isinstance(body.get("address"), str)]
+    return max(found, key=lambda entry: entry[0])[1:] if found else None
 
 
 def _listener_uid(address: str) -> Optional[int]:
