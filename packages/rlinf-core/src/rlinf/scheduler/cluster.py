@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from . import config, context, progress, security, worker_logging
-from .launcher import LauncherSession
+from .launcher import LauncherSession, provide_current_session
 from .placement import NodeInfo
 from .plugins import get_registry
 from . import tracing
@@ -31,9 +31,26 @@ _lock = threading.Lock()
 _ended: "weakref.WeakSet[LauncherSession]" = weakref.WeakSet()
 
 
+#: ``fn(session)`` for each session ``Cluster.shutdown`` ends: the layers above (the groups) forget theirs
+_on_shutdown: list = []
+
+
+def on_shutdown(fn):
+    """Register ``fn(session)``, run when a session is shut down in this process."""
+    _on_shutdown.append(fn)
+    return fn
+
+
 def is_ended(session) -> bool:
     """Whether ``session`` was shut down (its groups are gone with it)."""
     return session in _ended
+
+def _driver_session() -> Optional[LauncherSession]:
+    with _lock:
+        return next(iter(_sessions.values()), None)
+
+
+tracing.provide_runtime(_driver_session, is_ended)
 
 #: seconds ``Cluster(num_nodes=N)`` waits for N nodes to join before it gives up
 NODE_WAIT_TIMEOUT_ENV = "RLINF_NODE_WAIT_TIMEOUT"
@@ -61,6 +78,7 @@ def _session_for(launcher: Optional[str], num_nodes: Optional[int], options: dic
     return session
 
 
+@provide_current_session
 def current_session() -> LauncherSession:
     """The session of this process: the worker's own launcher, or the one the driver chose."""
     ctx = context.current()
@@ -250,8 +268,6 @@ class Cluster:
     @hook("cluster_shutdown")
     def shutdown(self) -> None:
         """Stop every group this process launched and disconnect (an embedded cluster stops)."""
-        from .group import end_groups_of
-
         with _lock:
             for name, session in list(_sessions.items()):
                 if session is self._session:
@@ -260,7 +276,8 @@ class Cluster:
             self._session.shutdown()
         finally:
             _ended.add(self._session)
-            end_groups_of(self._session)
+            for fn in list(_on_shutdown):
+                fn(self._session)
 
     def __repr__(self) -> str:
         return f"Cluster(launcher={self.launcher_name!r}, num_nodes={self.num_nodes}, num_accelerators={self.num_accelerators})"

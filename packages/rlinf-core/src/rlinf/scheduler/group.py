@@ -17,9 +17,9 @@ import time
 import weakref
 from typing import Any, Optional
 
-from . import config, context, watch
+from . import config, context, lifecycle, watch
 from .address import WorkerAddress, validate_group_name
-from .cluster import Cluster, is_ended
+from .cluster import Cluster, is_ended, on_shutdown
 from .errors import GroupNameError, LaunchError, WorkerDiedError, WorkerError, WorkerMethodError
 from .host import async_methods
 from .launcher import CallOutcome, Died, GroupRecord, LauncherSession, Rejected, WorkerRecord, WorkerSpec
@@ -27,6 +27,7 @@ from .placement import PlacementStrategy, default_placement
 from .plugins import get_registry
 from .serialization import dumps_worker_payload, ship_run_time_modules_by_value
 from .timing import reduce_durations
+from .tracing import collect
 from .tracing.hooks import hook
 
 
@@ -48,10 +49,18 @@ def _primary_error(errors: list[WorkerError]) -> WorkerError:
 _launched: "weakref.WeakSet[WorkerGroup]" = weakref.WeakSet()
 
 
+@collect.group_source
+def _running_groups(session) -> dict:
+    """The groups this process launched in ``session`` and has not stopped (for the timeline's collector)."""
+    return {g._name: (list(g._handles), list(g._records)) for g in list(_launched)
+            if g._session is session and g._name is not None}
+
+
 #: why the groups of a session that ended with ``Cluster.shutdown`` are not running any more
 SHUT_DOWN = "ended by cluster.shutdown()"
 
 
+@on_shutdown
 def end_groups_of(session) -> None:
     """The groups this process launched in ``session`` ended with it (``Cluster.shutdown``): calling one
     says so, instead of reaching for processes that are gone.  (A group attached by name finds out at
@@ -61,6 +70,7 @@ def end_groups_of(session) -> None:
             group._end(SHUT_DOWN)
 
 
+@lifecycle.on_release_start
 def stop_launched_groups() -> None:
     """Stop every group this process launched (its worker is being released)."""
     for group in list(_launched):

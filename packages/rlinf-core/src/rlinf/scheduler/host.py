@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from . import calls, context, status_server, timing
+from . import calls, context, lifecycle, status_server, timing
 from .errors import CommunicationError, LaunchError, WorkerMethodError
 from .info import WorkerInfo
 from .launcher import CallOutcome, WorkerRecord, WorkerSpec, to_wire
@@ -313,20 +313,16 @@ class WorkerHost:
         """Let go of everything the worker held, so this process can host another worker.
 
         For launchers whose processes outlive a group (an MPI rank): stops the
-        groups this worker launched, closes its connections and channels, leaves
+        groups this worker launched, closes its channels and connections (each layer registered its part
+        with ``lifecycle``), leaves
         a ``torch.distributed`` process group it joined, forgets its identity and
         returns the port it held.  Module state of the user's own code stays.
         """
-        from .channel.channel import forget_process_channels
-        from .group import stop_launched_groups
-        from .p2p.communicator import close_local_communicator
-
-        stop_launched_groups()  # first: the worker object may hold the only reference to them
+        lifecycle.release_start()  # the groups it launched stop: the worker object may hold the only reference
         status_server.stop()
         calls.forget()
         self._instance = None
-        forget_process_channels()
-        close_local_communicator()
+        lifecycle.release()  # channels, then the connections under them
         dist = sys.modules.get("torch.distributed")
         if dist is not None:
             try:

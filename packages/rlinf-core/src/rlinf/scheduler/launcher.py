@@ -235,3 +235,22 @@ class Launcher(ABC):
     @abstractmethod
     def attach(self) -> LauncherSession:
         """From inside a worker process started by this launcher: the same cluster."""
+
+
+#: ``() -> LauncherSession`` of this process, registered by the runtime (``cluster``); layers under it
+#: (point-to-point, channels) find peer groups through it without importing the runtime
+_session_provider = None
+
+
+def provide_current_session(provider) -> None:
+    """Register how ``current_session()`` finds this process's session (done once, by the runtime)."""
+    global _session_provider
+    _session_provider = provider
+    return provider
+
+
+def current_session() -> LauncherSession:
+    """The launcher session of this process: the worker's own launcher, or the one the driver chose."""
+    if _session_provider is None:
+        raise RuntimeError("no cluster runtime is loaded in this process: import rlinf.scheduler first")
+    return _session_provider()

@@ -17,11 +17,15 @@ import time
 import weakref
 from typing import Any, Optional
 
-from .. import config
+from .. import config, lifecycle
 from ..address import validate_group_name
+from ..cluster import Cluster
+from ..launcher import current_session
+from ..placement import NodePlacementStrategy
 from ..errors import CommTimeoutError, CommunicationError, GroupNameError, PeerDiedError
 from ..tracing.hooks import hook
 from ..worker import Worker
+from ..worker.worker import provide_channels
 from .keys import key_token, replica_of, show_key
 from .client import REPLY_GRACE, ChannelClient, SendTimeout
 from .protocol import send_timeout as _send_timeout
@@ -101,9 +105,6 @@ class Channel:
         hash of the key that every process computes alike, so each key stays
         one FIFO queue while the keys spread over the nodes.
         """
-        from ..cluster import Cluster
-        from ..placement import NodePlacementStrategy
-
         group = _group_name(name)
         maxsize = _check_maxsize(maxsize)
         if isinstance(node_id, bool) or not isinstance(node_id, int) or node_id < 0:
@@ -152,8 +153,6 @@ class Channel:
     @classmethod
     def connect(cls, name: str, timeout: float = CONNECT_WAIT) -> "Channel":
         """Connect to an existing channel (waiting up to ``timeout`` s for it to appear)."""
-        from ..cluster import current_session
-
         timeout = config.check_timeout(timeout) or CONNECT_WAIT
         group = _group_name(name)
         if name in _local:
@@ -186,8 +185,6 @@ class Channel:
         """How many hosts serve this channel (one per node for ``distributed=True``)."""
         n = _replica_counts.get(self._name)
         if n is None:
-            from ..cluster import current_session
-
             record = current_session().lookup_group(self._group)
             if record is None:
                 raise CommunicationError(f"channel {self._name!r} no longer exists (its host stopped)")
@@ -202,8 +199,6 @@ class Channel:
         with _lock:
             client = _clients.get(slot)
             if client is None or client._dead is not None:
-                from ..cluster import current_session
-
                 record = current_session().lookup_group(self._group)
                 if record is None:
                     raise CommunicationError(f"channel {self._name!r} no longer exists (its host stopped)")
@@ -421,6 +416,7 @@ def _decode_many(ctrl: dict, frames: list) -> list:
     return [codec.decode(item[0], item[1:]) for item in _split(ctrl, frames)]
 
 
+@lifecycle.on_release
 def forget_process_channels() -> None:
     """Close this process's channel connections and forget the channels it created."""
     with _lock:
@@ -447,3 +443,6 @@ def create_channel_from_worker(name, node_id, maxsize, aliases) -> Channel:
         raise TypeError("create_channel() needs a channel name")
     return Channel.create(name, maxsize=maxsize, node_id=0 if node_id is None else node_id,
                           local=local, distributed=distributed)
+
+
+provide_channels(create_channel_from_worker, Channel.connect)

@@ -37,9 +37,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .. import config, context
+from .. import config, context, lifecycle
 from ..address import WorkerAddress
 from ..errors import CommTimeoutError, CommunicationError, PeerDiedError
+from ..launcher import current_session
 from ..plugins import get_registry
 from ..tracing.hooks import hook
 from . import codec, device_routing
@@ -149,8 +150,6 @@ class Communicator:
         return record.workers[peer.rank]
 
     def _fetch(self, peer: WorkerAddress):
-        from ..cluster import current_session
-
         key = peer.group_key
         self.stats["registry_lookups"] += 1
         record = current_session().lookup_group(key)
@@ -718,6 +717,7 @@ def local_communicator(create: bool = False) -> Optional[Communicator]:
         return _local
 
 
+@lifecycle.on_release
 def close_local_communicator() -> None:
     """Close this process's communicator (its worker is gone); the next worker gets a new one."""
     global _local

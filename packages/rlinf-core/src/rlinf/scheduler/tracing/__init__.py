@@ -19,11 +19,23 @@ from __future__ import annotations
 import os
 import sys
 
+from . import collect, export, recorder, wrappers  # wrappers: registers what ``recorder.enable`` installs
+
 #: the file the driver writes at exit; set, it also makes every worker record from its start
 TRACE_ENV = "RLINF_TRACE"
 
 _exit_registered = False
 _exit_path = None  # the RLINF_TRACE file still to be written
+#: the runtime above tells tracing, without being imported by it: the driver's session (or None),
+#: and whether a session was shut down (``provide_runtime``, called by ``cluster``)
+_driver_session = lambda: None  # noqa: E731
+_is_ended = lambda session: False  # noqa: E731
+
+
+def provide_runtime(driver_session, is_ended) -> None:
+    """Register ``driver_session() -> session or None`` and ``is_ended(session) -> bool`` (by the runtime)."""
+    global _driver_session, _is_ended
+    _driver_session, _is_ended = driver_session, is_ended
 
 
 def check_path(path) -> str:
@@ -38,8 +50,6 @@ def check_path(path) -> str:
         raise FileNotFoundError(f"cannot write the trace to {path!r}: folder {folder!r} does not exist")
     if os.path.isdir(path):
         raise IsADirectoryError(f"cannot write the trace to {path!r}: it is a folder")
-    from . import export
-
     try:  # what the write will do (a file of its own in the folder, then renamed): permissions
         export.probe_folder(folder)  # alone do not say it (root, read-only mounts, /proc)
     except OSError as exc:
@@ -57,8 +67,6 @@ def on_driver_connect() -> None:
     if not raw or context.current() is not None or _exit_registered:
         return
     path = os.path.abspath(check_path(raw))
-    from . import recorder
-
     recorder.enable()
     import atexit
 
@@ -72,16 +80,7 @@ def on_driver_connect() -> None:
 def on_worker_start() -> None:
     """A worker process took its environment: record if the driver traces."""
     if os.environ.get(TRACE_ENV) or os.environ.get("RLINF_TRACE_RECORD"):
-        from . import recorder
-
         recorder.enable()
-
-
-def _driver_session():
-    from ..cluster import _lock, _sessions
-
-    with _lock:
-        return next(iter(_sessions.values()), None)
 
 
 def write_before_exit() -> None:
@@ -108,8 +107,6 @@ def write_snapshot(session, path: str, drain: bool) -> str:
     If ``path`` cannot be written now (its folder was removed or made read-only since the check), the
     events, drained already, are not lost: they go to a file in the temporary folder, and the
     ``TraceWriteError`` raised names it."""
-    from . import collect, export
-
     dumps, notes = collect.snapshot(session, drain)
     trace = export.chrome_trace(dumps, notes)
     try:
@@ -140,8 +137,6 @@ class TraceBlock:
         self._entered = False
 
     def __enter__(self) -> "TraceBlock":
-        from . import collect, recorder
-
         if self._entered:
             raise RuntimeError("a cluster.trace() block can be entered once")
         self._entered = True
@@ -151,8 +146,6 @@ class TraceBlock:
         return self
 
     def __exit__(self, *exc) -> None:
-        from . import collect
-
         session = _live(self._cluster.session)
         try:
             write_snapshot(session, self.path, drain=not self._was_on)
@@ -163,8 +156,6 @@ class TraceBlock:
 
 def dump(cluster, path) -> str:
     """Write what has been recorded so far to ``path`` (recording goes on)."""
-    from . import recorder
-
     path = check_path(path)
     if not recorder.is_on():
         raise RuntimeError(
@@ -177,6 +168,4 @@ def dump(cluster, path) -> str:
 def _live(session):
     """``session``, or None once it was shut down: its groups' events were taken before it ended
     (``collect.keep_all_before_shutdown``), and there is nobody left to ask."""
-    from ..cluster import is_ended
-
-    return None if session is None or is_ended(session) else session
+    return None if session is None or _is_ended(session) else session

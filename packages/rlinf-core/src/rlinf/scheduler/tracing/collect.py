@@ -124,14 +124,22 @@ def own_dumps(drain: bool) -> dict:
 
 
 # -- in the driver (or any process that launched groups) -------------------------------------------
+#: ``fn(session) -> {group name: (handles, worker records)}``: the groups this process launched, by the
+#: runtime that launches them (``group_source``); the cluster's registry names the others
+_group_sources: list = []
+
+
+def group_source(fn):
+    """Register ``fn(session)``: the groups of ``session`` this process launched and still runs."""
+    _group_sources.append(fn)
+    return fn
+
+
 def _targets(session) -> dict:
     """``{group name: (handles, worker records)}`` of every group running in the session's cluster."""
-    from ..group import _launched
-
     found = {}
-    for group in list(_launched):
-        if group._session is session and group._name is not None:
-            found[group._name] = (list(group._handles), list(group._records))
+    for source in list(_group_sources):
+        found.update(source(session))
     try:
         names = session.list_groups()
     except Exception as exc:

@@ -50,6 +50,16 @@ from typing import Optional
 
 from .. import context
 
+#: ``factory(kind, fn) -> wrapper`` that records one kind of hook point: registered by ``wrappers``, which
+#: records into this buffer (``provide_wrappers``)
+_wrapper_factory = None
+
+
+def provide_wrappers(factory) -> None:
+    """Register the factory that ``enable`` installs at every hook point."""
+    global _wrapper_factory
+    _wrapper_factory = factory
+
 #: events one process keeps (the oldest give way beyond it)
 MAX_EVENTS_ENV = "RLINF_TRACE_MAX_EVENTS"
 DEFAULT_MAX_EVENTS = 500_000
@@ -152,9 +162,11 @@ def enable() -> bool:
             _retired.append(old)
             _capacity, _soft_high = size, size + _slack(size)
         _delta_ns = time.time_ns() - clock()
-        from . import hooks, wrappers
+        from . import hooks
 
-        hooks.install(wrappers.make)
+        if _wrapper_factory is None:
+            raise RuntimeError("the recording wrappers are not loaded: import rlinf.scheduler.tracing.wrappers")
+        hooks.install(_wrapper_factory)
         _on = True
         _Trimmer.start()
         return True

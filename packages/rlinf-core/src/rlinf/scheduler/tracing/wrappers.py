@@ -373,3 +373,6 @@ def make(kind: str, fn):
     wrapper = _FACTORIES[kind](fn)
     wrapper.__wrapped__ = fn
     return wrapper
+
+
+_recorder.provide_wrappers(make)

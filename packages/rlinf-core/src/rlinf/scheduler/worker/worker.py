@@ -21,6 +21,21 @@ if TYPE_CHECKING:
 
 
 _api = None
+#: ``(create_from_worker, connect)`` of the channel API, which sits above workers: registered by
+#: ``rlinf.scheduler.channel`` when it is imported (``provide_channels``)
+_channels = None
+
+
+def provide_channels(create_from_worker, connect) -> None:
+    """Register the channel API that ``Worker.create_channel`` and ``connect_channel`` call."""
+    global _channels
+    _channels = (create_from_worker, connect)
+
+
+def _channel_api() -> tuple:
+    if _channels is None:
+        raise RuntimeError("channels are not loaded in this process: import rlinf.scheduler.channel first")
+    return _channels
 
 
 def _p2p():
@@ -206,12 +221,8 @@ class Worker:
     # -- channels -----------------------------------------------------------------
     def create_channel(self, name: Optional[str] = None, node_id: Optional[int] = None, maxsize: int = 0, **aliases):
         """Create (or connect to) the FIFO channel ``name`` hosted on node ``node_id``."""
-        from ..channel import create_channel_from_worker
-
-        return create_channel_from_worker(name, node_id, maxsize, aliases)
+        return _channel_api()[0](name, node_id, maxsize, aliases)
 
     def connect_channel(self, name: Optional[str] = None, **aliases):
         """Connect to the existing channel ``name``."""
-        from ..channel import Channel
-
-        return Channel.connect(aliases.pop("channel_name", name), **aliases)
+        return _channel_api()[1](aliases.pop("channel_name", name), **aliases)
