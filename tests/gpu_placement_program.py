@@ -37,6 +37,9 @@ class Seen(Worker):
             available=list(info.available_gpus),
             kind=accelerator.current().name,
             torch_type=accelerator.current().torch_device_type,
+            # RLinf's class attributes: the accelerator's, None without one
+            rlinf_types=(Worker.torch_device_type, getattr(Worker.torch_platform, "__name__", None),
+                         Worker.accelerator_type, self.has_accelerator),
         )
 
 
@@ -52,6 +55,7 @@ def check(cluster, strategy, expected, per_process=1):
         assert g["node"] == node, (strategy, rank, g)
         if not devices:
             assert g["gpu_id"] is None and g["available"] == [] and g["kind"] == "cpu", (strategy, rank, g)
+            assert list(g["rlinf_types"]) == [None, None, "NO_ACCEL", False], (strategy, rank, g)
             continue
         visible = [int(d) for d in g["visible"].split(",")]
         # the seed's torch.cuda.set_device(LOCAL_RANK) selects the worker's own first device
@@ -59,6 +63,7 @@ def check(cluster, strategy, expected, per_process=1):
         assert g["gpu_id"] == g["local_rank"], (strategy, rank, g)
         assert [visible[i] for i in g["available"]] == list(devices), (strategy, rank, g)
         assert g["kind"] == "nvidia" and g["torch_type"] == "cuda", g
+        assert list(g["rlinf_types"]) == ["cuda", "torch.cuda", "NV_GPU", True], g
         covered.update((node, d) for d in devices)
     assert len(got) == len(expected), (strategy, got)
     print("ok", strategy, [(g["visible"], g["local_rank"]) for g in got], flush=True)

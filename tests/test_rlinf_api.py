@@ -55,9 +55,10 @@ def test_import_paths_resolve_to_the_same_objects():
 
 
 def test_accelerator_class_attributes_in_the_driver():
-    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    """As RLinf: without an accelerator the platform and device type are None (programs test ``is not None``)."""
+    expected = "cuda" if torch.cuda.is_available() else None
     assert Worker.torch_device_type == expected
-    assert Worker.torch_platform is getattr(torch, expected)
+    assert Worker.torch_platform is (torch.cuda if expected else None)
     assert Worker.accelerator_type == ("NV_GPU" if expected == "cuda" else "NO_ACCEL")
     assert isinstance(Worker.logger, logging.Logger)
 
@@ -76,7 +77,8 @@ class InfoWorker(Worker):
             local_world_size=info.local_world_size,
             accelerators=info.available_accelerators,
             device_type=type(self).torch_device_type,
-            platform=self.torch_platform.__name__,
+            platform=self.torch_platform,
+            has_accelerator=self.has_accelerator,
             accelerator_type=Worker.accelerator_type,
         )
 
@@ -89,8 +91,8 @@ def test_worker_info_fields_and_accelerator_attributes_in_workers(cluster, group
     assert all(f["node"] == 0 and f["group_world_size"] == 2 and f["local_world_size"] == 2 for f in facts)
     assert [f["local_rank"] for f in facts] == [0, 1]
     assert all(f["accelerators"] == [] for f in facts)
-    assert all(f["device_type"] == "cpu" and f["platform"] == "torch.cpu" and f["accelerator_type"] == "NO_ACCEL"
-               for f in facts)
+    assert all(f["device_type"] is None and f["platform"] is None and f["accelerator_type"] == "NO_ACCEL"
+               and f["has_accelerator"] is False for f in facts)
 
 
 class EnvLike(Worker):

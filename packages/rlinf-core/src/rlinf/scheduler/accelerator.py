@@ -164,17 +164,23 @@ def current() -> AcceleratorPlugin:
 _RLINF_TYPES = {"nvidia": "NV_GPU", "amd": "AMD_GPU", "ascend": "NPU", "cpu": "NO_ACCEL"}
 
 
-def detect() -> tuple[str, str]:
-    """``(accelerator_type, torch_device_type)`` of this process, e.g. ``("NV_GPU", "cuda")`` or ``("NO_ACCEL", "cpu")``."""
+def detect() -> tuple[str, Optional[str]]:
+    """``(accelerator_type, torch_device_type)`` of this process, as RLinf gives them: ``("NV_GPU", "cuda")``,
+    or ``("NO_ACCEL", None)`` without an accelerator (RLinf programs test ``torch_platform is not None``)."""
     kind = current()
+    if kind is CPU:
+        return "NO_ACCEL", None
     return _RLINF_TYPES.get(kind.name, kind.name.upper()), kind.torch_device_type
 
 
 def torch_platform():
-    """The torch module of the accelerator (``torch.cuda``), ``torch.cpu`` without one."""
+    """The torch module of the accelerator (``torch.cuda``); ``None`` without one, as in RLinf."""
+    device_type = detect()[1]
+    if device_type is None:
+        return None
     import torch
 
-    return getattr(torch, detect()[1])
+    return getattr(torch, device_type)
 
 
 class lazy_class_attribute:

@@ -57,18 +57,24 @@ class Worker:
     # -- accelerator (RLinf class attributes; valid in the driver and every worker) --
     @accelerator.lazy_class_attribute
     def torch_platform():
-        """The torch module of this process's accelerator (``torch.cuda``; ``torch.cpu`` without one)."""
+        """The torch module of this process's accelerator (``torch.cuda``); ``None`` without one, as in RLinf."""
         return accelerator.torch_platform()
 
     @accelerator.lazy_class_attribute
     def torch_device_type():
-        """``"cuda"``, ``"cpu"``, ...: what ``torch.device(...)`` takes for this process's accelerator."""
+        """``"cuda"``, ``"npu"``, ...: what ``torch.device(...)`` takes for this process's accelerator; ``None``
+        without one, as in RLinf."""
         return accelerator.detect()[1]
 
     @accelerator.lazy_class_attribute
     def accelerator_type():
         """``"NV_GPU"`` or ``"NO_ACCEL"``."""
         return accelerator.detect()[0]
+
+    @property
+    def has_accelerator(self) -> bool:
+        """Whether this worker was given an accelerator (RLinf's ``Worker.has_accelerator``)."""
+        return accelerator.detect()[0] != "NO_ACCEL"
 
     def __init__(self):
         ctx = context.current()
