@@ -26,6 +26,10 @@ listener admits only processes of its own cluster:
   processes without the secret costs neither threads nor descriptors without
   limit.
 
+* ``private_dir`` makes (or checks) a directory only this user can use, for
+  what rlinf keeps in a shared place such as ``/tmp``: one that another user
+  made first, that others may enter, or a symbolic link is refused.
+
 A transport (built in or third party) calls ``HandshakeGate.admit`` for each
 accepted connection and ``client_handshake`` + ``send_hello`` on each
 connection it makes; see ``docs/security.md`` and ``docs/plugins.md``.
@@ -42,6 +46,7 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import struct
 import threading
 import time
@@ -327,7 +332,11 @@ class HandshakeGate:
 
     ``admit(conn)`` for each accepted connection: a thread authenticates it
     (``server_handshake``) and reads its hello (``recv_hello``) under one
-    deadline, then calls ``on_ready(conn, hello)`` on that thread.  A refused,
+    deadline, then calls ``on_ready(conn, hello)`` on that thread, which owns
+    the connection from then on.  A listener that takes no hello (the status
+    listener: it only answers) passes ``hello=False`` and gets ``b""``; one
+    keyed with something other than the cluster secret passes ``key``, and
+    ``timeout`` replaces the handshake timeout (``RLINF_HANDSHAKE_TIMEOUT``).  A refused,
     malformed or slow connection is closed and logged at DEBUG level; it never
     reaches ``on_ready``.  At most ``limit`` connections wait to prove
     themselves at once: when one more arrives, the oldest of them (an idle
@@ -339,14 +348,16 @@ class HandshakeGate:
     """
 
     def __init__(self, on_ready: Callable[[socket.socket, bytes], None], name: str = "rlinf",
-                 limit: int = MAX_PENDING_HANDSHAKES):
+                 limit: int = MAX_PENDING_HANDSHAKES, key: Optional[bytes] = None,
+                 timeout: Optional[float] = None, hello: bool = True):
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit!r}")
         self._on_ready = on_ready
         self._name = name
         self._limit = limit
-        self._timeout = handshake_timeout()
-        self._key = cluster_secret()  # fixed for the listener's life
+        self._timeout = handshake_timeout() if timeout is None else timeout
+        self._key = key or cluster_secret()  # fixed for the listener's life
+        self._hello = hello
         #: publish it in the listener's endpoint: a connecting side names it in ``client_handshake``
         self.listener_id = new_listener_id()
         self._unproven: "collections.OrderedDict[socket.socket, None]" = collections.OrderedDict()
@@ -394,7 +405,7 @@ class HandshakeGate:
         who = describe_peer(conn)
         try:
             server_handshake(conn, deadline, self._key, proven=lambda: self._prove(conn), listener=self.listener_id)
-            hello = recv_hello(conn, deadline)
+            hello = recv_hello(conn, deadline) if self._hello else b""
         except Exception as exc:  # refused, malformed, slow or dropped: the connection ends here
             with self._lock:
                 self._unproven.pop(conn, None)
@@ -433,3 +444,58 @@ def _abort(conn: socket.socket) -> None:
 
 def _reason(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, HandshakeError) else f"{type(exc).__name__}: {exc}"
+
+
+# -- private directories ----------------------------------------------------------------
+class PrivateDirError(PermissionError):
+    """A directory that must be this user's alone is not; the message says why and what to do."""
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def private_dir(path: str, create: bool = True, hint: str = "") -> str:
+    """``path``, a directory only this user can use: made with mode 0700 when missing (``create``), else checked.
+
+    What rlinf keeps in a shared place (status tokens, a cluster's sockets) must
+    be nobody else's to read, replace or take away, and names there are easy
+    to guess.  So a directory that another user made first, that group or
+    others may use, or a symbolic link (wherever it points) is refused with
+    ``PrivateDirError``: it names the path, what is wrong and the fix, and
+    ``hint`` adds the caller's own way out (an environment variable that picks
+    another place, say).  Nothing in a refused directory is touched.  Missing
+    parents are made as ``mkdir -p`` does.  ``FileNotFoundError`` when the
+    directory is missing and ``create`` is False.  Returns ``path``.
+    """
+    if create:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass  # checked below, like one found there
+    st = os.lstat(path)  # not stat: a link is refused, not followed
+    me = os.geteuid()
+    ask = f"remove it (as its owner, or root: rm -r {path})"
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        problem, fix = f"is a symbolic link (to {target}), made by {_user(st.st_uid)}", ask
+    elif not stat.S_ISDIR(st.st_mode):
+        problem, fix = f"is not a directory (made by {_user(st.st_uid)})", ask
+    elif st.st_uid != me:
+        problem, fix = f"is owned by {_user(st.st_uid)}, not by you ({_user(me)})", ask
+    elif st.st_mode & 0o077:
+        problem = f"has mode {oct(stat.S_IMODE(st.st_mode))}: group or others may use it"
+        fix = f"check what others put there, then chmod 700 {path}"
+    else:
+        return path
+    raise PrivateDirError(f"{path} {problem}; it must be a directory that only you can use (yours, mode 0700). "
+                          f"To fix: {fix}" + (f", {hint}" if hint else ""))
