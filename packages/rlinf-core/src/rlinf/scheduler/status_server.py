@@ -14,6 +14,13 @@ launcher's registry, which only the cluster's processes can read (the Ray
 cluster's authenticated clients; for MPI a file only the user can read).
 Nothing is ever read from the connection but the handshake, and nothing is
 unpickled: the listener cannot be made to run code or change state.
+
+Nor can a client without the token hold the listener: connections go through
+the same ``security.HandshakeGate`` as the cpu transport's, so at most
+``security.MAX_PENDING_HANDSHAKES`` wait to prove themselves at once, each for
+``SERVE_TIMEOUT`` at most, and one more drops the oldest of them.  A query
+answers in one round trip, so it gets through any number of silent
+connections held open; one dropped all the same is made again (``query``).
 """
 
 from __future__ import annotations
@@ -68,14 +75,16 @@ def snapshot() -> dict:
 class _StatusServer:
     def __init__(self, host: str):
         self.token = secrets.token_bytes(32)
-        self._sock = socket.create_server((host, 0), backlog=16)
+        self._gate = security.HandshakeGate(self._answer, name="rlinf-status", key=self.token,
+                                            timeout=SERVE_TIMEOUT, hello=False)
+        self._sock = socket.create_server((host, 0), backlog=128)
         self.host, self.port = host, self._sock.getsockname()[1]
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="rlinf-status", daemon=True)
         self._thread.start()
 
     def endpoint(self) -> dict:
-        return {"host": self.host, "port": self.port, "token": self.token.hex()}
+        return {"host": self.host, "port": self.port, "token": self.token.hex(), "listener": self._gate.listener_id}
 
     def _loop(self) -> None:
         while not self._closed:
@@ -84,29 +93,28 @@ class _StatusServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            try:
-                self._serve(conn)
-            except Exception as exc:
-                _log.debug("status request from %s refused: %s", security.describe_peer(conn), exc)
-            finally:
-                conn.close()
+            self._gate.admit(conn)  # never blocks: the handshake runs on a thread of its own, bounded
 
-    def _serve(self, conn: socket.socket) -> None:
-        """One connection, bounded by ``SERVE_TIMEOUT``: a slow or silent peer holds the listener that long at most."""
-        deadline = time.monotonic() + SERVE_TIMEOUT
-        security.server_handshake(conn, deadline, key=self.token)
-        body = json.dumps(snapshot(), default=str).encode()
-        conn.settimeout(max(0.01, deadline - time.monotonic()))
-        conn.sendall(_LEN.pack(len(body)) + body)
+    def _answer(self, conn: socket.socket, _hello: bytes) -> None:
+        """The connection proved it holds the token (on its handshake thread): one snapshot, then close."""
+        try:
+            body = json.dumps(snapshot(), default=str).encode()
+            conn.settimeout(SERVE_TIMEOUT)  # a client that does not read holds this thread that long at most
+            conn.sendall(_LEN.pack(len(body)) + body)
+        except OSError as exc:
+            _log.debug("status answer to %s not sent: %s", security.describe_peer(conn), exc)
+        finally:
+            conn.close()
 
     def close(self) -> None:
         self._closed = True
+        self._gate.close()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept above (Linux)
         except OSError:
             pass
         self._sock.close()
-        self._thread.join(SERVE_TIMEOUT + 1)  # bounded: at most one connection is being served
+        self._thread.join(SERVE_TIMEOUT + 1)  # bounded: the accept loop never waits on a connection
 
 
 def start(host: str) -> Optional[dict]:
@@ -136,10 +144,29 @@ def stop() -> None:
 
 
 def query(endpoint: dict, timeout: float) -> dict:
-    """Ask one worker for its snapshot; raises ``OSError`` (refused, reset, timed out) or ``ValueError``."""
+    """Ask one worker for its snapshot; raises ``OSError`` (refused, reset, timed out) or ``ValueError``.
+
+    A connection the listener dropped before its verdict (``security.NotTaken``: a flood of
+    connections arrived meanwhile, each one newer) is made again until ``timeout``."""
     deadline = time.monotonic() + timeout
-    with socket.create_connection((endpoint["host"], int(endpoint["port"])), timeout=timeout) as sock:
-        security.client_handshake(sock, deadline, key=bytes.fromhex(endpoint["token"]))
+    while True:
+        try:
+            return _query_once(endpoint, deadline)
+        except security.NotTaken:
+            if time.monotonic() + _RETRY_AFTER >= deadline:
+                raise
+            time.sleep(_RETRY_AFTER)
+
+
+#: seconds between two tries of a query that the listener dropped unanswered
+_RETRY_AFTER = 0.05
+
+
+def _query_once(endpoint: dict, deadline: float) -> dict:
+    left = max(0.01, deadline - time.monotonic())
+    with socket.create_connection((endpoint["host"], int(endpoint["port"])), timeout=left) as sock:
+        security.client_handshake(sock, deadline, key=bytes.fromhex(endpoint["token"]),
+                                  listener=endpoint.get("listener", ""))
         (n,) = _LEN.unpack(security._recv_exact(sock, _LEN.size, deadline))
         if n > MAX_SNAPSHOT:
             raise ValueError(f"a status answer of {n} bytes is over the {MAX_SNAPSHOT}-byte limit")
