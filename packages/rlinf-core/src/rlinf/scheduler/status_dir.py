@@ -1,9 +1,16 @@
 """Where a job on this machine publishes what ``python -m rlinf.scheduler status`` needs.
 
-A per-user directory (``$RLINF_STATUS_DIR``, else ``$XDG_RUNTIME_DIR/rlinf``,
-else ``<tmp>/rlinf-<uid>``), made with mode 0700 and refused if another user
-owns it or others can write to it, so that the tokens in its files (mode 0600)
-stay the user's.  A file names the process that wrote it (``process_mark``),
+A per-user directory: ``$RLINF_STATUS_DIR``, else ``$XDG_RUNTIME_DIR/rlinf``
+when that runtime directory is this user's (one inherited through ``su`` or
+``sudo`` is another user's and passed over), else ``<tmp>/rlinf-<uid>``.  It
+is made with mode 0700 and checked before each use (``security.private_dir``:
+this user's, no group or other bits, not a symbolic link), so that the tokens
+in its files (mode 0600) stay the user's.  The name in ``<tmp>`` is easy to
+guess: another user may make it first, or put a link there.  Such a directory
+is refused, never used; the driver says so in a warning (its job runs on, not
+listed by status) and the status command in its error, both naming the fix:
+``RLINF_STATUS_DIR`` for a directory of one's own, or the squatter's entry
+removed.  A file names the process that wrote it (``process_mark``),
 so that a reader can tell whether it still runs (``runs_here``) even after
 its pid went to another process, and a writer can remove the files of
 processes killed before they removed their own (``remove_leftovers``).
@@ -14,6 +21,7 @@ from __future__ import annotations
 import atexit
 import glob
 import json
+import logging
 import os
 import socket
 import stat
@@ -21,30 +29,45 @@ import tempfile
 import time
 from typing import Optional
 
-from . import jsonfile
+from . import jsonfile, security
 
 STATUS_DIR_ENV = "RLINF_STATUS_DIR"
+_log = logging.getLogger("rlinf.status")
+
+
+def _runtime_dir() -> Optional[str]:
+    """``$XDG_RUNTIME_DIR`` if it is a directory of this user that only this user can use, else None."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if not runtime:
+        return None
+    try:
+        st = os.stat(runtime)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+        return runtime
+    return None
 
 
 def status_dir() -> str:
     explicit = os.environ.get(STATUS_DIR_ENV)
     if explicit:
         return explicit
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
+    runtime = _runtime_dir()
+    if runtime:
         return os.path.join(runtime, "rlinf")
     return os.path.join(tempfile.gettempdir(), f"rlinf-{os.getuid()}")
 
 
 def private_status_dir(create: bool) -> str:
-    """The directory, checked (and made when ``create``); raises ``PermissionError`` if it is not private."""
-    path = status_dir()
-    if create:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise PermissionError(f"{path} must be a directory of uid {os.getuid()} with mode 0700 (it holds status tokens)")
-    return path
+    """The directory, checked (and made when ``create``); raises ``security.PrivateDirError`` (a
+    ``PermissionError`` that names the fix) if it is not this user's alone, ``FileNotFoundError``
+    if it is missing and not ``create``."""
+    where = "another" if os.environ.get(STATUS_DIR_ENV) else "a"
+    hint = (f"or set {STATUS_DIR_ENV} to {where} directory of your own for the status files (made with mode "
+            f"0700 if missing; the same for the jobs and the status command), e.g. "
+            f"export {STATUS_DIR_ENV}=$HOME/.rlinf-status")
+    return security.private_dir(status_dir(), create=create, hint=hint)
 
 
 def publish(name: str, body: dict, prefix: str) -> str:
@@ -67,12 +90,17 @@ class PublishedFile:
         self.prefix = prefix
         self.path: Optional[str] = None
         self._at_exit = False
+        self._warned = False
 
     def write(self, body: dict) -> bool:
         try:
             self.path = publish(f"{self.prefix}-{socket.gethostname()}-{os.getpid()}.json", body, self.prefix)
-        except OSError:
+        except OSError as exc:
+            if not self._warned:  # once: the job runs on, but the user should know why status misses it
+                self._warned = True
+                _log.warning("python -m rlinf.scheduler status will not list this job: %s", exc)
             return False
+        self._warned = False  # working again: a later failure is said again
         if not self._at_exit:
             atexit.register(self.remove)
             self._at_exit = True
