@@ -62,7 +62,8 @@ def _find(timeout: float, launcher: Optional[str]) -> dict:
         try:
             found = finder(timeout)
         except RuntimeError as exc:
-            reasons.append(f"{entry.name}: {exc}")
+            if not any(str(exc) in reason for reason in reasons):  # one refused directory, said once
+                reasons.append(f"{entry.name}: {exc}")
             continue
         if found is not None:
             return found
