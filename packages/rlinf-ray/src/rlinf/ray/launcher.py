@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -42,6 +41,7 @@ from rlinf.scheduler.launcher import (
 )
 from rlinf.scheduler.placement import NodeInfo
 
+from . import embedded
 from .classes import share_class_tracker
 
 share_class_tracker()  # results and arguments keep the driver's classes
@@ -481,17 +481,21 @@ class RayLauncher(Launcher):
         if address:
             ray.init(address=address, log_to_driver=options.pop("log_to_driver", True), **options)
             return RaySession(owns_cluster=False)
-        temp_dir = options.pop("temp_dir", None) or os.environ.get("RLINF_RAY_TEMP_DIR") or os.path.join(
-            tempfile.gettempdir(), "rlinf-ray"
-        )
+        # a private directory of this user (see ``embedded``): never one another user made or can enter
+        temp_dir = embedded.ray_temp_dir(options.pop("temp_dir", None) or os.environ.get("RLINF_RAY_TEMP_DIR"))
         ray.init(
             address="local",
-            _node_ip_address="127.0.0.1",
+            _node_ip_address="127.0.0.1",  # every server Ray lets us place binds to loopback
             include_dashboard=False,
             _temp_dir=temp_dir,
             log_to_driver=options.pop("log_to_driver", True),
             **options,
         )
+        try:  # an older Ray may still listen on every address: stop rather than run open to the network
+            embedded.check_loopback(ray._private.worker._global_node.get_session_dir_path())
+        except BaseException:
+            ray.shutdown()
+            raise
         session = RaySession(owns_cluster=True)
         session.watchdog = _start_watchdog()
         from .status import publish_embedded
