@@ -11,11 +11,12 @@ checked before each use), which no other user can enter, whatever Ray then
 makes inside.  Paths stay short: Ray's unix socket paths must fit in 107
 bytes.
 
-Ports.  ``ray.init(_node_ip_address="127.0.0.1")`` makes Ray (2.50 and later)
-bind its servers to loopback.  Older Ray versions bind some of them to every
-address whatever the node address; ``check_loopback`` finds such a listener
-among the cluster's processes, so that the driver stops the cluster instead
-of running it open to the network.
+Ports.  ``ray.init(_node_ip_address="127.0.0.1")`` makes a recent Ray bind
+its servers to loopback (measured with 2.60).  Older Ray versions bind some of
+them to every address whatever the node address (Ray moved its servers to the
+node address during 2025-2026, ray-project/ray#55484 and #59852);
+``check_loopback`` finds such a listener among the cluster's processes, so
+that the driver stops the cluster instead of running it open to the network.
 """
 
 from __future__ import annotations
@@ -131,6 +132,6 @@ def check_loopback(session_dir: str) -> None:
         raise RuntimeError(
             f"the embedded Ray cluster listens on addresses other than loopback: {', '.join(exposed)}; "
             f"Ray {ray.__version__} ignores the loopback node address for these servers.  Upgrade Ray "
-            f"(2.52 or later binds to the node address and checks tokens), or run `ray start` on a "
+            f"(recent versions bind to the node address; 2.52 and later check tokens), or run `ray start` on a "
             f"firewalled machine and join it with RAY_ADDRESS"
         )
