@@ -122,8 +122,8 @@ def test_recv_deadline_is_bounded(two_ends):
         far.recv_tensors_into([torch.empty(4)], time.monotonic() + 0.5)
 
 
-def test_connect_refused_by_unreachable_store_is_bounded():
-    """An offer pointing at a store nobody serves: the acceptor gives up, the dialer times out."""
+def test_connect_to_an_endpoint_nobody_serves_is_bounded():
+    """A CPU endpoint nobody listens on: the dialer gives up by its deadline."""
     from rlinf.scheduler.plugins import get_registry
 
     t = get_registry().transport("torch-gloo").descriptor.factory()

@@ -18,7 +18,6 @@ from typing import Optional, Sequence
 from rlinf.scheduler.p2p.transport import DeviceLink, Link, Transport
 
 from . import rendezvous, tuning
-from .torch_pair import route_ip
 
 log = logging.getLogger("rlinf.nccl")
 
@@ -220,8 +219,7 @@ class CupyNcclTransport(Transport):
         extra = {"uid": list(uid), "device": device_identity(self._device())}  # CuPy's unique id: a tuple of ints
         if options:
             extra["options"] = options
-        ip = route_ip(endpoint["cpu"]["tcp"][0])
-        cpu_link = self._cpu.connect(endpoint["cpu"], rendezvous.pack_offer((ip, 0), "-", hello, extra), deadline)
+        cpu_link = self._cpu.connect(endpoint["cpu"], rendezvous.pack_offer(hello, extra), deadline)
         try:
             rendezvous.await_answer(cpu_link, deadline)
             device = self._device()

@@ -1,30 +1,28 @@
 """Pair setup for device transports, carried over an rlinf CPU link.
 
-The connecting side (the "dialer", always rank 0 of the pair) hosts a
-``torch.distributed.TCPStore`` on its node address and sends the store's
-address, a fresh random key prefix and the core's hello over a CPU link that
-the built-in ``cpu`` transport opened (so the peer is checked the way every
-rlinf connection is before anything else is read).  The accepting side
-(rank 1) answers on the same link with ``{"ok": ...}`` or the reason it
-cannot take the pair, then both build their side of the 2-rank group under
-that prefix.  The order is fixed (dialer hosts, acceptor joins), every wait
-has a deadline, and each pair has its own store and group: a pair that fails
-leaves every other pair alone.
-
-The store itself does not authenticate: its address and the 128-bit prefix
-travel only over the checked CPU link, and the store lives only while the
-pair is being set up.
+The connecting side (the "dialer", always rank 0 of the pair) opens a link
+of the built-in ``cpu`` transport (so the peer is checked the way every rlinf
+connection is before anything else is read) and sends its offer on it: the
+core's hello and what the backend needs (NCCL: the device; CuPy: the NCCL
+unique id; the tuning fields).  The accepting side (rank 1) answers on the
+same link with ``{"ok": ...}`` or the reason it cannot take the pair, then
+both build their side of the 2-rank group.  The keys gloo and NCCL exchange
+to do so travel on that same link (``link_store.LinkStore``): no store
+listens anywhere, during setup or after.  The order is fixed (dialer offers,
+acceptor answers), every wait has a deadline, and each pair has its own
+group: a pair that fails leaves every other pair alone.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from datetime import timedelta
 from typing import Optional
 
-MAGIC = b"RLNP1"
+#: offers of this version (1 carried a TCPStore's address: see ``unpack_offer``)
+MAGIC = b"RLNP2"
+_OLD_MAGIC = b"RLNP1"
 #: seconds pair setup may take when the caller gave no deadline
 DEFAULT_SETUP = 120.0
 
@@ -43,36 +41,22 @@ def as_timedelta(deadline: Optional[float], default: float = DEFAULT_SETUP) -> t
     return timedelta(seconds=remaining(deadline, default))
 
 
-def host_store(local_ip: str, deadline: Optional[float]):
-    """A TCPStore server for one pair, on an OS-chosen port of this node's address."""
-    import torch.distributed as dist
-
-    return dist.TCPStore(local_ip, 0, 2, True, timeout=as_timedelta(deadline), wait_for_workers=False)
-
-
-def join_store(address: tuple, deadline: Optional[float]):
-    import torch.distributed as dist
-
-    return dist.TCPStore(address[0], int(address[1]), 2, False, timeout=as_timedelta(deadline))
-
-
-def new_prefix() -> str:
-    return secrets.token_hex(16)
-
-
-def pack_offer(store_address: tuple, prefix: str, hello: bytes, extra: dict) -> bytes:
-    body = json.dumps({"store": list(store_address), "prefix": prefix, "extra": extra}).encode()
+def pack_offer(hello: bytes, extra: dict) -> bytes:
+    body = json.dumps({"extra": extra}).encode()
     return MAGIC + len(body).to_bytes(4, "big") + body + hello
 
 
 def unpack_offer(data: bytes) -> tuple[dict, bytes]:
     """``(offer, core hello)``; ValueError for anything that is not an offer."""
+    if data.startswith(_OLD_MAGIC):
+        raise ValueError("the peer runs an older rlinf-nccl (pair setup through a TCPStore); "
+                         "install the same rlinf-nccl on both ends")
     if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 4:
         raise ValueError("not a device-transport pair offer")
     n = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 4], "big")
     start = len(MAGIC) + 4
     offer = json.loads(data[start : start + n])
-    if not isinstance(offer, dict) or not isinstance(offer.get("prefix"), str) or len(offer.get("store", ())) != 2:
+    if not isinstance(offer, dict) or not isinstance(offer.get("extra"), dict):
         raise ValueError("malformed device-transport pair offer")
     return offer, bytes(data[start + n :])
 

@@ -7,7 +7,10 @@ process group; a link whose group failed reports ``is_open() == False`` and
 rlinf replaces it with a fresh pair, leaving every other pair alone.
 
 Messages (``Link.send``): a JSON header and the small frames go on the CPU
-link; with ``gloo`` larger frames follow through the process group.  NCCL
+link; with ``gloo`` larger frames follow through the process group, except
+the first (the object's pickle), which always takes the CPU link: gloo's
+connections are not authenticated, so only raw bytes, received into buffers
+of the sizes the header named, may come through them.  NCCL
 moves only device memory, so for ``torch-nccl`` host frames stay on the CPU
 link and device tensors use ``send_tensors`` / ``recv_tensors_into`` (the
 ``DeviceLink`` methods): no header, no host staging, no extra copy.  NCCL
@@ -71,6 +74,18 @@ def _byte_tensor(buf):
     return torch.frombuffer(view, dtype=torch.uint8)
 
 
+def _end_group(pg) -> None:
+    """Abort (or shut down) a pair's process group; errors of a group already broken are ignored."""
+    for name in ("abort", "shutdown"):
+        fn = getattr(pg, name, None)
+        if fn is not None:
+            try:
+                fn()
+                return
+            except Exception:
+                pass
+
+
 class PairLink(Link, DeviceLink):
     """One direction's connection: a CPU link for headers plus a 2-rank process group."""
 
@@ -82,7 +97,9 @@ class PairLink(Link, DeviceLink):
         self._pg = pg
         self._peer = peer_rank
         self._host_via_group = host_via_group
-        self._store = store  # the dialer keeps the rendezvous store alive as long as the pair
+        # the pair's LinkStore: torch calls it through pybind, which needs the Python object alive as long
+        # as the group (kept after close too: the group's threads may outlive it)
+        self._store = store
         self._broken: Optional[str] = None
         self._lock = threading.Lock()
         self._ahead = None
@@ -124,7 +141,9 @@ class PairLink(Link, DeviceLink):
         self._check()
         views = [memoryview(f).cast("B") if not isinstance(f, memoryview) or f.format != "B" or f.ndim != 1 else f
                  for f in frames]
-        big = [self._host_via_group and v.nbytes > INLINE_MAX for v in views]
+        # the first frame (the object's pickle, or send_tensor's fingerprint) always rides on the CPU link:
+        # only raw buffers cross the group, whose connections gloo does not authenticate
+        big = [self._host_via_group and i > 0 and v.nbytes > INLINE_MAX for i, v in enumerate(views)]
         head = json.dumps({"s": [v.nbytes for v in views], "b": big}).encode()
         self._cpu.send([head] + [v for v, b in zip(views, big) if not b], deadline, raw=raw)
         for v, b in zip(views, big):
@@ -134,6 +153,9 @@ class PairLink(Link, DeviceLink):
     def _head(self, deadline):
         raw, frames = self._cpu.recv(deadline)
         head = json.loads(bytes(frames[0]))
+        if head["b"] and head["b"][0]:
+            self._broken = "the peer sent a message's first frame through the process group"
+            raise ConnectionError(f"{self._broken}; only raw buffers may come that way")
         return raw, head, frames[1:]
 
     def _read_ahead(self) -> None:
@@ -249,16 +271,8 @@ class PairLink(Link, DeviceLink):
             with self._cond:
                 self._cond.notify_all()
         if pg is not None:
-            for name in ("abort", "shutdown"):
-                fn = getattr(pg, name, None)
-                if fn is not None:
-                    try:
-                        fn()
-                        break
-                    except Exception:
-                        pass
+            _end_group(pg)
         self._cpu.close()
-        self._store = None
 
 
 class TorchPairTransport(Transport):
@@ -298,6 +312,19 @@ class TorchPairTransport(Transport):
         """The pair's 2-rank process group; ``options``: the tuning fields this transport honours."""
         raise NotImplementedError
 
+    def _group_over(self, cpu_link: Link, rank: int, ip: str, deadline: float, options: dict):
+        """``(group, store)``: the pair's group, its rendezvous keys carried on ``cpu_link`` (no listening store)."""
+        from .link_store import LinkStore
+
+        store = LinkStore(cpu_link, deadline)
+        pg = self.make_group(store, rank, ip, deadline, options)
+        try:
+            store.finish(deadline)
+        except BaseException:
+            _end_group(pg)
+            raise
+        return pg, store
+
     # -- the Transport contract ---------------------------------------------------------------
     def listen(self, on_accept, local_ip: str) -> dict:
         self._local_ip = local_ip
@@ -320,15 +347,12 @@ class TorchPairTransport(Transport):
                 if reason:
                     cpu_link.close()
                     return
-                import torch.distributed as dist
-
-                store = rendezvous.join_store(tuple(offer["store"]), deadline)
-                pg = self.make_group(dist.PrefixStore(offer["prefix"], store), 1, self._local_ip, deadline, options)
+                pg, store = self._group_over(cpu_link, 1, self._local_ip, deadline, options)
             except Exception as exc:
                 log.warning("%s: pair setup with a connecting peer failed: %s: %s", self.name, type(exc).__name__, exc)
                 cpu_link.close()
                 return
-            link = PairLink(cpu_link, pg, 0, self.host_via_group, options=options)
+            link = PairLink(cpu_link, pg, 0, self.host_via_group, store=store, options=options)
             with self._lock:
                 self._links.append(link)
             on_accept(link, hello)
@@ -337,8 +361,6 @@ class TorchPairTransport(Transport):
 
     def connect(self, endpoint: dict, hello: bytes, deadline: Optional[float], options: Optional[dict] = None) -> Link:
         """Set a pair up; ``options`` (CollectiveGroupOptions fields this transport declares) configure both ends."""
-        import torch.distributed as dist
-
         options = dict(options or {})
         reason = self.refuse_options(options) if options else None
         if reason:
@@ -346,14 +368,12 @@ class TorchPairTransport(Transport):
         if deadline is None:
             deadline = time.monotonic() + rendezvous.DEFAULT_SETUP
         ip = route_ip(endpoint["cpu"]["tcp"][0])
-        store = rendezvous.host_store(ip, deadline)
-        prefix = rendezvous.new_prefix()
         mine = self.local_info()
         offer = {**mine, "options": options} if options else mine
-        cpu_link = self._cpu.connect(endpoint["cpu"], rendezvous.pack_offer((ip, store.port), prefix, hello, offer), deadline)
+        cpu_link = self._cpu.connect(endpoint["cpu"], rendezvous.pack_offer(hello, offer), deadline)
         try:
             rendezvous.await_answer(cpu_link, deadline)
-            pg = self.make_group(dist.PrefixStore(prefix, store), 0, ip, deadline, options)
+            pg, store = self._group_over(cpu_link, 0, ip, deadline, options)
         except BaseException:
             cpu_link.close()
             raise
