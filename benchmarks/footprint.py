@@ -49,7 +49,7 @@ class Probe(Worker):
             self.recv(name, s)
 
     def lookups(self, n):
-        from rlinf.scheduler.cluster import current_session
+        from rlinf.scheduler.runtime.cluster import current_session
 
         session = current_session()
         record = session.lookup_group(self.worker_group_name)

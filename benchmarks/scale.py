@@ -46,7 +46,7 @@ SMALL = {"step": 0, "reward": 0.5, "done": False}
 def _process_stats() -> dict:
     import psutil
 
-    from rlinf.scheduler.p2p.communicator import local_communicator
+    from rlinf.scheduler.messaging.p2p.communicator import local_communicator
 
     proc = psutil.Process()
     names = [t.name for t in threading.enumerate()]
@@ -237,7 +237,7 @@ def measure(cluster, ray, n: int, args, tag: str) -> dict:
     second = time.perf_counter()
     [s for h in [g.all_to_all(peers) for g in groups] for s in h.wait()]
     round2_s = time.perf_counter() - second
-    from rlinf.scheduler.p2p.ordering import _Pool
+    from rlinf.scheduler.transports.ordering import _Pool
 
     time.sleep(_Pool.IDLE_EXIT + 1.0)  # the threads a burst of sends took exit once idle this long
     settled = [s for g in groups for s in g.stats().wait()]

@@ -77,7 +77,7 @@ def event_cost_us(n: int) -> float:
     a figure the machine's load barely moves, unlike the wall-clock ratios."""
     import timeit
 
-    from rlinf.scheduler.address import WorkerAddress
+    from rlinf.scheduler.base.address import WorkerAddress
     from rlinf.scheduler.tracing import recorder, wrappers
 
     def send_frames(self, peer, transport, frames, deadline, raw=False):

@@ -11,7 +11,7 @@ import sys
 import time
 
 from rlinf.scheduler import Cluster, Worker
-from rlinf.scheduler.errors import GroupNameError
+from rlinf.scheduler.base.errors import GroupNameError
 
 
 class Holder(Worker):
@@ -19,7 +19,7 @@ class Holder(Worker):
         super().__init__()
 
     def devices(self):
-        """This worker's own device: entry LOCAL_RANK of the group's visible list (see rlinf.scheduler.accelerator)."""
+        """This worker's own device: entry LOCAL_RANK of the group's visible list (see rlinf.scheduler.plugins.accelerator)."""
         return os.environ["CUDA_VISIBLE_DEVICES"].split(",")[int(os.environ["LOCAL_RANK"])]
 
     def pid(self):
@@ -124,7 +124,7 @@ def nodes():
     except RuntimeError as exc:
         assert "not launched any more: it was ended by cluster.shutdown()" in str(exc), exc
     group.stop()  # nothing left to stop: a no-op
-    from rlinf.scheduler.errors import WorkerError
+    from rlinf.scheduler.base.errors import WorkerError
 
     try:  # not an AttributeError of a group whose session is gone
         answered = pending.wait(timeout=30)

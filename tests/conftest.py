@@ -51,7 +51,7 @@ def _stop_what_the_test_left_running():
     """Groups a test launched in this process and left running (a channel's host, a group launched
     without ``launch``) stop when it ends: idle workers cost CPU (about 1% each) and memory (about
     95 MiB each), which a long suite would otherwise pay in every later test."""
-    from rlinf.scheduler import group
+    from rlinf.scheduler.runtime import group
 
     before = set(group._launched)
     yield

@@ -26,7 +26,7 @@ class Seen(Worker):
         super().__init__()
 
     def seen(self):
-        from rlinf.scheduler import accelerator
+        from rlinf.scheduler.plugins import accelerator
 
         info = self.worker_info
         return dict(

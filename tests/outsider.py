@@ -87,7 +87,7 @@ def main() -> None:
     elif mode == "garbage":
         send_quietly(s, os.urandom(4096))
     elif mode == "handshake":
-        from rlinf.scheduler import security
+        from rlinf.scheduler.base import security
 
         try:
             security.client_handshake(s, time.monotonic() + 10, listener=spec["listener"])

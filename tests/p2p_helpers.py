@@ -3,7 +3,7 @@
 from rlinf.scheduler import Worker
 import cloudpickle
 
-from rlinf.scheduler.serialization import dumps_by_value_where_needed
+from rlinf.scheduler.base.serialization import dumps_by_value_where_needed
 
 
 class Peer(Worker):
@@ -56,7 +56,7 @@ def process_alive(pid) -> bool:
 
 def link_to(peer: str, incoming: bool = False):
     """Inside a worker: this process's link to (or, with ``incoming``, from) worker ``peer``."""
-    from rlinf.scheduler.p2p.communicator import local_communicator
+    from rlinf.scheduler.messaging.p2p.communicator import local_communicator
 
     comm = local_communicator()
     return (comm._in if incoming else comm._out)[peer].link

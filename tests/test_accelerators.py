@@ -15,8 +15,9 @@ import sys
 
 import pytest
 
-from rlinf.scheduler import FlexiblePlacementStrategy, NodePlacementStrategy, PackedPlacementStrategy, accelerator
-from rlinf.scheduler.placement import NodeInfo
+from rlinf.scheduler import FlexiblePlacementStrategy, NodePlacementStrategy, PackedPlacementStrategy
+from rlinf.scheduler.plugins import accelerator
+from rlinf.scheduler.plugins.placement import NodeInfo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODES = [NodeInfo(0, "10.0.0.1", 4), NodeInfo(1, "10.0.0.2", 4)]

@@ -3,7 +3,7 @@ import pickle
 import pytest
 
 from rlinf.scheduler import WorkerAddress
-from rlinf.scheduler.address import resolve_address
+from rlinf.scheduler.base.address import resolve_address
 
 
 def test_names_and_navigation():

@@ -146,7 +146,7 @@ def test_departed_clients_leave_nothing_behind(cluster):
     def cycle():
         client = ChannelClient.connect("churn", "Channel.churn:0", record)
         try:
-            from rlinf.scheduler.p2p import codec
+            from rlinf.scheduler.transports import codec
 
             header, buffers = codec.encode(item)
             _, fut = client.request({"op": "put", "key": "churn", "timeout": 10}, [header, *buffers])

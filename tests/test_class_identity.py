@@ -185,7 +185,7 @@ def test_a_class_coming_back_is_left_unchanged():
     """In process: a by-value copy of our own class resolves to it and does not overwrite its methods."""
     import cloudpickle
 
-    from rlinf.scheduler.serialization import dumps_by_value_where_needed
+    from rlinf.scheduler.base.serialization import dumps_by_value_where_needed
 
     own_init = Sample.__init__
     data = dumps_by_value_where_needed(Sample(2, torch.ones(1)), __name__)

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rlinf.scheduler.p2p import codec
+from rlinf.scheduler.transports import codec
 
 
 def roundtrip(obj):

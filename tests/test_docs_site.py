@@ -150,7 +150,7 @@ def test_every_public_name_has_an_api_reference_entry():
     import rlinf.testing
 
     shown = _rendered()
-    assert "rlinf.scheduler.cluster" in shown  # the pages were read
+    assert "rlinf.scheduler.runtime.cluster" in shown  # the pages were read
     missing = []
     for package in (rlinf.scheduler, rlinf.scheduler.plugins, rlinf.testing):
         for name in package.__all__:

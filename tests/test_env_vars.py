@@ -50,7 +50,7 @@ def test_every_rlinf_variable_reaches_workers_and_their_children(launch, monkeyp
     g = launch(Peer, placement=NodePlacementStrategy([0, 0]))
     monkeypatch.delenv("RLINF_SOMETHING_OF_THE_USERS")  # what counts is the value at launch
     for env in g.run(__import__("p2p_helpers").ship(_worker_env)).wait(timeout=60):
-        from rlinf.scheduler.config import WORKER_ONLY_ENV  # set by core per worker, not forwarded
+        from rlinf.scheduler.base.config import WORKER_ONLY_ENV  # set by core per worker, not forwarded
 
         got = {k: v for k, v in env.items() if k not in WORKER_ONLY_ENV}
         assert got == {k: v for k, v in driver.items() if k not in WORKER_ONLY_ENV}

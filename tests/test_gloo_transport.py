@@ -31,7 +31,7 @@ def test_listed_usable_and_never_the_default():
 
 
 def test_nccl_transports_for_cpu_tensors_is_a_clear_error():
-    from rlinf.scheduler.errors import PluginError
+    from rlinf.scheduler.base.errors import PluginError
     from rlinf.scheduler.plugins import get_registry
 
     for name in ("torch-nccl", "cupy-nccl"):
@@ -141,7 +141,7 @@ def test_objects_with_device_tensors_split_between_paths(two_ends):
     standing in for device ones: what torch-nccl does with CUDA tensors."""
     import pickle
 
-    from rlinf.scheduler.p2p import device_routing as dr
+    from rlinf.scheduler.transports import device_routing as dr
 
     ends, inbox = two_ends
     link = ends["a"][0].connect(ends["b"][1], b"", _dl())
@@ -172,7 +172,7 @@ def test_device_router_both_directions_over_a_cpu_path():
     import queue
     import threading
 
-    from rlinf.scheduler.p2p.device_routing import DeviceEnvelope, DeviceRouter
+    from rlinf.scheduler.transports.device_routing import DeviceEnvelope, DeviceRouter
     from rlinf.scheduler.plugins import get_registry
 
     moved = lambda t: t.dtype == torch.float32  # float32 tensors take the device path here

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rlinf.scheduler.p2p.transport import HeldWithin, LinkBusy
+from rlinf.scheduler.plugins.transport import HeldWithin, LinkBusy
 
 
 def _interrupt(thread: threading.Thread) -> None:

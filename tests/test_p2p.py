@@ -80,7 +80,7 @@ def test_objects_and_tensors_keep_types_shapes_dtypes(pair):
 
 
 def test_tensors_are_not_pickled():
-    from rlinf.scheduler.p2p import codec
+    from rlinf.scheduler.transports import codec
 
     header, buffers = codec.encode({"t": torch.ones(1000), "l": [torch.zeros(10)]})
     assert len(header) < 400 and sorted(memoryview(b).nbytes for b in buffers) == [40, 4000]
@@ -240,8 +240,8 @@ def test_wait_reraises_the_operations_own_timeout_not_a_timeout_of_its_own():
     said "not finished after None s", losing the peer and the cause."""
     import concurrent.futures
 
-    from rlinf.scheduler.errors import CommTimeoutError
-    from rlinf.scheduler.p2p.async_work import AsyncWork
+    from rlinf.scheduler.base.errors import CommTimeoutError
+    from rlinf.scheduler.transports.async_work import AsyncWork
 
     failed = concurrent.futures.Future()
     failed.set_exception(CommTimeoutError("g:0: sending to worker 'h:1' timed out after 5 s", peer="h:1"))
@@ -464,7 +464,7 @@ def test_send_tensor_and_recv_tensor_with_async_op(pair):
     a, b = pair
 
     def sender(w):
-        from rlinf.scheduler.p2p.async_work import AsyncWork
+        from rlinf.scheduler.transports.async_work import AsyncWork
 
         t = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB: the shared-memory path
         small = torch.full((4,), 3.0)

@@ -183,7 +183,7 @@ def test_a_receive_that_times_out_midway_loses_nothing(cluster, launch, path):
 
 def test_recv_into_keeps_a_shared_segment_until_every_frame_is_out():
     """Two frames in one shared-memory segment: the sender must not reuse it before the second is copied."""
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
     os.environ.pop("RLINF_CPU_LOCAL", None)
     server, client = CpuTransport(), CpuTransport()
@@ -234,7 +234,7 @@ def test_peers_that_come_and_go_leave_nothing_behind(cluster, launch):
     g = launch(Peer, placement=NodePlacementStrategy([0, 0]), name="cycles")
 
     def send_one(w, i):
-        from rlinf.scheduler.p2p.communicator import close_local_communicator
+        from rlinf.scheduler.messaging.p2p.communicator import close_local_communicator
 
         _fixed_mmap_threshold()
         w.send({"i": i, "t": torch.ones(1 << 18)}, w.worker_group_name, 1, timeout=30)  # 1 MiB: shared memory

@@ -162,7 +162,7 @@ def _end(proc: subprocess.Popen) -> None:
 @pytest.fixture
 def ends():
     """``(acceptor, dialer)``: two processes holding the cluster secret; the dialer sets the pair up on ``go``."""
-    from rlinf.scheduler.security import cluster_secret
+    from rlinf.scheduler.base.security import cluster_secret
     from rlinf.testing.transport import _Peer
 
     cluster_secret()  # made here if absent, so both ends inherit the same one

@@ -80,7 +80,7 @@ def test_a_send_to_a_dead_peer_whose_port_was_taken_fails_at_once(cluster, launc
     g = launch(Peer, placement=NodePlacementStrategy([0, 0]), name=f"liv_port_{path}")
 
     def endpoint(w):
-        from rlinf.scheduler.p2p.communicator import local_communicator
+        from rlinf.scheduler.messaging.p2p.communicator import local_communicator
 
         return local_communicator(create=True).endpoints()["cpu"]
 
@@ -121,7 +121,7 @@ def test_a_send_to_a_dead_peer_whose_port_was_taken_fails_at_once(cluster, launc
 @pytest.fixture
 def listening():
     """A live CPU transport in this process and its endpoint."""
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
     transport = CpuTransport()
     endpoint = transport.listen(lambda link, hello: link.close(), "127.0.0.1")
@@ -150,8 +150,8 @@ def test_a_port_held_by_another_listener_is_not_the_peer(listening):
     """Across hosts the pid says nothing: the probe asks the listener to prove it holds the cluster
     secret and is the one the endpoint named.  Another rlinf listener on the port (a worker started
     since), or another program, fails that: the peer is dead.  The real listener passes."""
-    from rlinf.scheduler import security
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.base import security
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
     transport, endpoint = listening
     remote = dict(endpoint, host="another host", pid=0)

@@ -1,7 +1,7 @@
 import pytest
 
 from rlinf.scheduler import FlexiblePlacementStrategy, NodePlacementStrategy, PackedPlacementStrategy, PlacementError
-from rlinf.scheduler.placement import NodeInfo, default_placement
+from rlinf.scheduler.plugins.placement import NodeInfo, default_placement
 
 TWO_GPU_NODES = [NodeInfo(0, "10.0.0.1", 4), NodeInfo(1, "10.0.0.2", 4)]
 CPU_NODES = [NodeInfo(0, "127.0.0.1", 0), NodeInfo(1, "127.0.0.1", 0)]

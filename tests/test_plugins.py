@@ -108,7 +108,7 @@ def test_name_conflict_names_both_distributions(tmp_path):
     make_dist(tmp_path, "toy-two", "2.0", {"toy2": "toy_two"}, {"toy_two": GOOD_LAUNCHER})
     out = run("""
         from rlinf.scheduler.plugins import get_registry
-        from rlinf.scheduler.errors import PluginError
+        from rlinf.scheduler.base.errors import PluginError
         try:
             get_registry().launcher("toy")
         except PluginError as e:

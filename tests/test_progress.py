@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rlinf.scheduler import Worker, WorkerError
-from rlinf.scheduler.progress import Progress
+from rlinf.scheduler.base.progress import Progress
 
 from launcher_marks import TEST_LAUNCHER, survives_worker_death
 

@@ -16,8 +16,8 @@ import pytest
 
 from launcher_marks import TEST_LAUNCHER
 from rlinf.scheduler import Worker, WorkerGroup
-from rlinf.scheduler.errors import GroupNameError, WorkerDiedError, WorkerMethodError
-from rlinf.scheduler.p2p.async_work import AsyncWork
+from rlinf.scheduler.base.errors import GroupNameError, WorkerDiedError, WorkerMethodError
+from rlinf.scheduler.transports.async_work import AsyncWork
 
 needs_ray = pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="Ray lifecycle: starts Ray clusters or kills workers")
 PROGRAM = os.path.join(os.path.dirname(__file__), "cluster_program.py")

@@ -20,7 +20,7 @@ from rlinf.scheduler import (
     Worker,
     WorkerGroup,
 )
-from rlinf.scheduler.placement import NodeInfo
+from rlinf.scheduler.plugins.placement import NodeInfo
 
 TWO_GPU_NODES = [NodeInfo(0, "10.0.0.1", 4), NodeInfo(1, "10.0.0.2", 4)]
 CPU_NODES = [NodeInfo(0, "10.0.0.1", 0), NodeInfo(1, "10.0.0.2", 0)]

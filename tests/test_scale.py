@@ -39,7 +39,7 @@ class Peer(Worker):
         return (self.worker_group_name, self._rank)
 
     def counts(self):
-        from rlinf.scheduler.p2p.communicator import local_communicator
+        from rlinf.scheduler.messaging.p2p.communicator import local_communicator
 
         comm = local_communicator(create=True)
         return {"threads": _rlinf_threads(), "fds": _fds(), **comm.stats}
@@ -66,7 +66,7 @@ class Peer(Worker):
         return _rlinf_threads()
 
     def wait_idle_closed(self, within):
-        from rlinf.scheduler.p2p.communicator import local_communicator
+        from rlinf.scheduler.messaging.p2p.communicator import local_communicator
 
         comm = local_communicator()
         deadline = time.monotonic() + within
@@ -82,7 +82,7 @@ class Peer(Worker):
     def stream(self, dst, n, close_every):
         """``n`` numbered sends to ``dst`` (every other one asynchronous); every ``close_every``
         sends the links are closed as if idle, and the next send reopens them."""
-        from rlinf.scheduler.p2p.communicator import local_communicator
+        from rlinf.scheduler.messaging.p2p.communicator import local_communicator
 
         comm = local_communicator()
         works = []
@@ -205,13 +205,13 @@ def test_a_worker_starts_without_numpy_or_torch(cluster):
 
 
 def _runners(n):
-    from rlinf.scheduler.p2p.ordering import SerialRunner
+    from rlinf.scheduler.transports.ordering import SerialRunner
 
     return [SerialRunner(f"test-{i}") for i in range(n)]
 
 
 def test_quick_operations_of_many_pairs_share_a_few_threads():
-    from rlinf.scheduler.p2p.ordering import _Pool
+    from rlinf.scheduler.transports.ordering import _Pool
 
     used = set()
     futures = [r.submit(lambda: used.add(threading.get_ident())) for r in _runners(64) for _ in range(3)]
@@ -246,7 +246,7 @@ def test_a_pairs_operations_run_in_order():
 
 def _listener_and_dialer(on_accept):
     """Two cpu transports in this process: one listening with ``on_accept``, one to connect from."""
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
     server = CpuTransport()
     endpoint = server.listen(on_accept, "127.0.0.1")
@@ -301,8 +301,8 @@ def test_a_connection_not_taken_in_time_is_made_again_within_the_deadline(monkey
     loaded machine) makes the sender connect again, not fail: the first attempt carried nothing."""
     import json
 
-    from rlinf.scheduler.p2p.communicator import Communicator
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.messaging.p2p.communicator import Communicator
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
     monkeypatch.setenv("RLINF_HANDSHAKE_TIMEOUT", "0.5")
@@ -344,9 +344,9 @@ def test_a_listener_too_busy_to_handshake_in_time_is_connected_to_again(monkeypa
 
     import functools
 
-    from rlinf.scheduler import security
-    from rlinf.scheduler.p2p.communicator import Communicator
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.base import security
+    from rlinf.scheduler.messaging.p2p.communicator import Communicator
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
     connect = Communicator._connect if via == "p2p" else functools.partial(Communicator._connect,
                                                                              again_after_hello=False)
@@ -399,7 +399,7 @@ def test_a_hello_that_misses_its_deadline_is_not_a_refusal():
     so that is a connection to make again (``NotTaken``, hello not sent), not a failed send."""
     import socket as socketlib
 
-    from rlinf.scheduler import security
+    from rlinf.scheduler.base import security
 
     a, b = socketlib.socketpair()
     try:
@@ -417,7 +417,7 @@ def test_a_peer_that_has_proven_itself_is_never_shed_for_load(monkeypatch):
     Before, it was the oldest pending one, and was dropped after its answer: a failed send."""
     import socket as socketlib
 
-    from rlinf.scheduler import security
+    from rlinf.scheduler.base import security
 
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
     taken = []
@@ -457,7 +457,7 @@ def test_a_connection_dropped_before_its_verdict_is_made_again_but_a_refusal_is_
     under load, too slow to check it) is ``NotTaken``, and ``Communicator._connect`` makes it again."""
     import socket as socketlib
 
-    from rlinf.scheduler import security
+    from rlinf.scheduler.base import security
 
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
     a, b = socketlib.socketpair()
@@ -496,8 +496,8 @@ def test_many_peers_connecting_at_once_past_the_shedding_bound_all_get_through(m
     shed before they began or before their verdict connect again, and every one is taken."""
     import json
 
-    from rlinf.scheduler.p2p.communicator import Communicator
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.messaging.p2p.communicator import Communicator
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
     got, cond = {}, threading.Condition()
@@ -546,7 +546,7 @@ def test_bytes_that_arrived_while_the_reader_was_descheduled_still_count():
     handshake the other side completed; a read that still lacks bytes then fails, at once."""
     import socket as socketlib
 
-    from rlinf.scheduler import security
+    from rlinf.scheduler.base import security
 
     a, b = socketlib.socketpair()
     try:
@@ -571,9 +571,9 @@ def test_a_link_reset_by_a_sender_that_gave_up_on_it_ends_like_a_closed_one(monk
     import socket as socketlib
     import struct
 
-    from rlinf.scheduler import security
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
-    from rlinf.scheduler.p2p.transport import LinkClosed
+    from rlinf.scheduler.base import security
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
+    from rlinf.scheduler.plugins.transport import LinkClosed
 
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
     taken, cond = [], threading.Condition()
@@ -613,7 +613,7 @@ def test_a_hello_to_a_listener_that_already_dropped_the_connection_is_not_a_refu
     connection, so it is ``NotTaken`` (hello not sent), made again, not a failed send."""
     import socket as socketlib
 
-    from rlinf.scheduler import security
+    from rlinf.scheduler.base import security
 
     a, b = socketlib.socketpair()
     try:
@@ -629,7 +629,7 @@ def test_a_hello_to_a_listener_that_already_dropped_the_connection_is_not_a_refu
 def _connected_pair(monkeypatch, family):
     """A client link to an in-process listener over ``family`` ("unix" or "tcp"), and the list holding
     the listener's end once it took the connection."""
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
     monkeypatch.setenv("RLINF_CPU_LOCAL", "1" if family == "unix" else "0")
@@ -660,7 +660,7 @@ def test_a_reset_after_messages_ends_a_unix_link_but_is_an_error_on_tcp(monkeypa
     import socket as socketlib
     import struct
 
-    from rlinf.scheduler.p2p.transport import LinkClosed
+    from rlinf.scheduler.plugins.transport import LinkClosed
 
     with _connected_pair(monkeypatch, family) as (link, taken):
         assert link.local == (family == "unix")
@@ -676,8 +676,8 @@ def test_a_reset_after_messages_ends_a_unix_link_but_is_an_error_on_tcp(monkeypa
 def test_connect_fails_when_the_listener_drops_the_connection_instead_of_taking_it(monkeypatch):
     """A connection the listener never takes (here ``on_accept`` closes it, as it does a malformed
     hello) makes ``connect`` fail: before, it returned, and what was sent on it was lost unreported."""
-    from rlinf.scheduler import security
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.base import security
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
     server = CpuTransport()
@@ -769,7 +769,7 @@ def test_a_send_behind_a_stalled_one_gives_up_at_its_deadline_with_nothing_sent(
     """Sends on one link go one message at a time.  A send waiting behind another that stalls (its
     peer reads nothing) gives up at its own deadline, sends nothing and leaves the link usable;
     meanwhile the link says when bytes last moved, both ways (a peer mid-message is alive)."""
-    from rlinf.scheduler.p2p.transport import LinkBusy
+    from rlinf.scheduler.plugins.transport import LinkBusy
 
     with _connected_pair(monkeypatch, "tcp") as (link, taken):
         big = bytes(64 << 20)  # the peer reads one ahead (its budget), then the kernel buffers fill

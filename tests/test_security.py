@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from rlinf.scheduler import Channel, NodePlacementStrategy
-from rlinf.scheduler.security import MAX_PENDING_HANDSHAKES, SECRET_ENV
+from rlinf.scheduler.base.security import MAX_PENDING_HANDSHAKES, SECRET_ENV
 
 from launcher_marks import TEST_LAUNCHER
 from p2p_helpers import Peer, run_on
@@ -143,7 +143,7 @@ def test_the_secret_reaches_workers_and_nothing_shows_it(cluster, group):
     digest = hashlib.sha256(secret.encode()).hexdigest()
 
     def inspect(w):
-        from rlinf.scheduler import context
+        from rlinf.scheduler.base import context
 
         mine = hashlib.sha256(os.environ[SECRET_ENV].encode()).hexdigest()
         return mine, os.environ[SECRET_ENV] in repr(context.current())
@@ -278,7 +278,7 @@ def test_the_cpu_transport_forgets_links_once_they_are_closed():
     """Links to restarted peers must not pile up: a closed link leaves the transport's books."""
     import threading
 
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
     server, client = CpuTransport(), CpuTransport()
     accepted = []
@@ -317,8 +317,8 @@ def test_a_relay_on_a_dead_peers_port_gets_no_link_to_a_live_listener():
     on which the next pickle it sent would have been run."""
     import threading
 
-    from rlinf.scheduler import security
-    from rlinf.scheduler.p2p.cpu_transport import CpuTransport
+    from rlinf.scheduler.base import security
+    from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
     taken = []
     live = CpuTransport()

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rlinf.scheduler import Channel, Worker
-from rlinf.scheduler import status_server
+from rlinf.scheduler.runtime import status_server
 
 from launcher_marks import TEST_LAUNCHER
 
@@ -255,7 +255,7 @@ def test_the_file_of_a_killed_job_whose_pid_was_reused_is_not_a_running_job(tmp_
     import socket
 
     from rlinf.mpi import status as mpi_status
-    from rlinf.scheduler import status_dir
+    from rlinf.scheduler.tools import status_dir
 
     directory = tmp_path / "status"
     directory.mkdir(mode=0o700)
@@ -291,7 +291,7 @@ def test_status_does_not_send_the_token_to_a_port_another_user_took(tmp_path, mo
 
     pytest.importorskip("rlinf.ray")
     from rlinf.ray import status as ray_status
-    from rlinf.scheduler import status_dir
+    from rlinf.scheduler.tools import status_dir
 
     python = shutil.which("python3", path="/usr/bin:/bin")  # one the other user may run (not under /root)
     if python is None:

@@ -3,7 +3,7 @@
 * The status listener of a worker lets a bounded number of connections wait
   to prove they hold its token, dropping the oldest, so silent connections
   cannot hold it (``security.HandshakeGate``, as for the cpu transport).
-* The status directory (``rlinf.scheduler.status_dir``) and any private
+* The status directory (``rlinf.scheduler.tools.status_dir``) and any private
   directory made with ``security.private_dir`` are refused when another user
   made them first (or put a symbolic link there), with a message that says
   what to do; once that is done, status works.
@@ -22,7 +22,9 @@ import time
 import psutil
 import pytest
 
-from rlinf.scheduler import Worker, security, status_server
+from rlinf.scheduler import Worker
+from rlinf.scheduler.base import security
+from rlinf.scheduler.runtime import status_server
 
 from launcher_marks import TEST_LAUNCHER
 
@@ -146,7 +148,7 @@ def test_a_status_directory_another_user_made_first_is_refused_with_the_fix(clus
     driver says so as it publishes, the status command refuses it naming the fix, and with the fix
     (``RLINF_STATUS_DIR``, or the squatter's directory removed) status finds the cluster."""
     from rlinf.ray import status as ray_status
-    from rlinf.scheduler import status_dir
+    from rlinf.scheduler.tools import status_dir
 
     launch(Quiet, name="status_squatted")
     (ours,) = [body for _p, body, _m in status_dir.published(f"ray-{socket.gethostname()}-{os.getpid()}.json")]

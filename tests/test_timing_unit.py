@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from rlinf.scheduler import timing
+from rlinf.scheduler.base import timing
 
 
 def test_capture_and_nesting():

@@ -25,7 +25,8 @@ import pytest
 
 from launcher_marks import TEST_LAUNCHER
 from rlinf.scheduler import Channel, Worker, WorkerGroup
-from rlinf.scheduler.tracing import collect, hooks, recorder
+from rlinf.scheduler.tracing import collect, recorder
+from rlinf.scheduler.base import hooks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TENSOR_BYTES = 256 * 4
@@ -204,8 +205,8 @@ def test_groups_launched_and_stopped_inside_a_block_and_nothing_left_after(clust
 
 
 def test_hook_points_are_the_plain_functions_unless_tracing_is_on():
-    from rlinf.scheduler import timing
-    from rlinf.scheduler.p2p import api, communicator
+    from rlinf.scheduler.base import timing
+    from rlinf.scheduler.messaging.p2p import api, communicator
     from rlinf.scheduler.tracing import export
 
     points = [(WorkerGroup, "_call"), (timing, "_timed"), (communicator.Communicator, "_submit"),
@@ -264,7 +265,7 @@ def test_p2p_events_are_whole_name_their_thread_and_count_what_gave_way(monkeypa
     tensor's payload only), and a count of the events a full buffer pushed out."""
     import threading
 
-    from rlinf.scheduler.address import WorkerAddress
+    from rlinf.scheduler.base.address import WorkerAddress
     from rlinf.scheduler.tracing import wrappers
 
     def send_frames(self, peer, transport, frames, deadline, raw=False):
@@ -313,7 +314,7 @@ def test_events_that_give_way_uncounted_make_the_count_a_lower_bound(monkeypatch
     """A smaller limit set between two traces counts what it has no room for; and should the trimmer not
     run while p2p events pour in (they test nothing), the buffer's own bound drops the oldest, and the
     dump says its count is a lower bound rather than a wrong number."""
-    from rlinf.scheduler.address import WorkerAddress
+    from rlinf.scheduler.base.address import WorkerAddress
     from rlinf.scheduler.tracing import export, wrappers
 
     with _recording(monkeypatch, max_events=1000):
@@ -355,7 +356,7 @@ def fake_link():
     Everything is put back after."""
     import threading
 
-    from rlinf.scheduler.address import WorkerAddress
+    from rlinf.scheduler.base.address import WorkerAddress
 
     marks = [(_FakeLink.send_frames, "p2p_send"), (_FakeLink.receive, "p2p_recv")]
     hooks._points.extend(marks)

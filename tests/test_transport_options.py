@@ -18,7 +18,7 @@ import time
 import pytest
 
 from rlinf.scheduler import CollectiveGroupOptions
-from rlinf.scheduler.p2p.options import link_options
+from rlinf.scheduler.plugins.options import link_options
 from rlinf.scheduler.plugins import get_registry
 
 torch = pytest.importorskip("torch")
@@ -129,7 +129,7 @@ def test_device_router_sets_a_link_up_with_the_senders_fields_then_the_receivers
     import pickle
     import threading
 
-    from rlinf.scheduler.p2p.device_routing import DeviceRouter
+    from rlinf.scheduler.transports.device_routing import DeviceRouter
 
     cpu = get_registry().transport("cpu").descriptor.factory
     ta, tb = cpu(), cpu()

@@ -104,7 +104,7 @@ def test_in_place_dict_and_list_to_three_receivers(five, path):
 
 
 def _drop_kept(w):
-    from rlinf.scheduler.p2p.communicator import local_communicator
+    from rlinf.scheduler.messaging.p2p.communicator import local_communicator
 
     return local_communicator().broadcast_state.drop_idle(0.0), _counts()
 
@@ -458,7 +458,7 @@ def _death_named(w, path, members, victim, group):
 
 
 def _lent_state():
-    from rlinf.scheduler.p2p.broadcast import _State
+    from rlinf.scheduler.messaging.p2p.broadcast import _State
 
     state = _State()
     seg = state.acquire_segment(1 << 20)
@@ -508,7 +508,7 @@ def test_views_dropped_while_the_pool_lock_is_held_do_not_deadlock():
 
     import numpy as np
 
-    from rlinf.scheduler.p2p.shm import map_private
+    from rlinf.scheduler.transports.shm import map_private
 
     state, seg = _lent_state()
     try:
@@ -536,8 +536,8 @@ def test_sharing_moves_whole_storages_and_leaves_views_of_larger_ones_to_be_copi
     storage is on it any more (a copy into the tensors first gives them private memory)."""
     import numpy as np
 
-    from rlinf.scheduler.p2p import broadcast as bc
-    from rlinf.scheduler.p2p.shm import DATA_OFFSET, create_segment
+    from rlinf.scheduler.messaging.p2p import broadcast as bc
+    from rlinf.scheduler.transports.shm import DATA_OFFSET, create_segment
 
     sent = {"w": torch.arange(1000, dtype=torch.float32), "v": torch.full((10,), 7.0)}
     payload = bc.encode(sent)
@@ -573,8 +573,8 @@ def test_memory_a_moved_tensor_left_stays_valid_until_the_next_broadcast():
 
     import numpy as np
 
-    from rlinf.scheduler.p2p import broadcast as bc
-    from rlinf.scheduler.p2p.shm import DATA_OFFSET, create_segment
+    from rlinf.scheduler.messaging.p2p import broadcast as bc
+    from rlinf.scheduler.transports.shm import DATA_OFFSET, create_segment
 
     n = 4 << 20  # 16 MiB of float32: glibc maps it on its own, and unmaps it when freed
     emb = torch.ones(8)
@@ -627,8 +627,8 @@ import atexit
 held = {}
 atexit.register(lambda: print("at exit", float(held["p"].sum()), flush=True))  # registered before torch
 import numpy as np, torch
-from rlinf.scheduler.p2p import broadcast as bc
-from rlinf.scheduler.p2p.shm import DATA_OFFSET, create_segment
+from rlinf.scheduler.messaging.p2p import broadcast as bc
+from rlinf.scheduler.transports.shm import DATA_OFFSET, create_segment
 n = 1 << 22
 payload = bc.encode({"w": torch.full((n,), 3.0)})
 offsets, total = bc._layout(payload.meta["sizes"])
@@ -652,7 +652,7 @@ def test_parameters_on_shared_memory_are_readable_at_interpreter_exit(tmp_path):
 
 
 def test_chain_chunks_are_sized_so_the_pipeline_fill_is_an_eighth_of_a_transfer(monkeypatch):
-    from rlinf.scheduler.p2p.broadcast import CHUNK_ENV, _chunk_for
+    from rlinf.scheduler.messaging.p2p.broadcast import CHUNK_ENV, _chunk_for
 
     monkeypatch.delenv(CHUNK_ENV, raising=False)
     mib = 1 << 20

@@ -18,7 +18,7 @@ class Pair(Worker):
             return self.recv(name, 1, options=opts)
         got = self.recv(name, 0, options=opts)
         self.send(("echo", got), name, 0, options=opts)
-        from rlinf.scheduler.p2p.communicator import local_communicator
+        from rlinf.scheduler.messaging.p2p.communicator import local_communicator
 
         return local_communicator()._in[f"{name}:0"].transport
 
@@ -30,7 +30,7 @@ class Pair(Worker):
         return self.recv(name, 0, options=CollectiveGroupOptions(transport="cpu"), timeout=30)
 
     def default_transport(self):
-        from rlinf.scheduler.p2p.communicator import local_communicator
+        from rlinf.scheduler.messaging.p2p.communicator import local_communicator
 
         return local_communicator().transport_name(None)
 

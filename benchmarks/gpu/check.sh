@@ -13,7 +13,7 @@ PY="${PYTHON:-python}"
 # the packages from this checkout, found without installing them; plugins named explicitly
 export PYTHONPATH="packages/rlinf-core/src:packages/rlinf-nccl/src:packages/rlinf-mpi/src:${PYTHONPATH:-}"
 export RLINF_PLUGINS_AUTOLOAD=0
-export RLINF_PLUGINS="cpu=rlinf.scheduler.p2p.cpu_plugin,accelerators=rlinf.scheduler.accelerator_plugin,mpi=rlinf.mpi.plugin,nccl=rlinf.nccl.plugin"
+export RLINF_PLUGINS="cpu=rlinf.scheduler.transports.cpu_plugin,accelerators=rlinf.scheduler.plugins.accelerator_plugin,mpi=rlinf.mpi.plugin,nccl=rlinf.nccl.plugin"
 export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-lo}"
 status=0
 

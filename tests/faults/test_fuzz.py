@@ -18,9 +18,9 @@ from rlinf.scheduler import (
     PlacementError,
     WorkerAddress,
 )
-from rlinf.scheduler.address import resolve_address
-from rlinf.scheduler.config import DEFAULT_TIMEOUT, MAX_TIMEOUT, TIMEOUT_ENV, resolve_timeout
-from rlinf.scheduler.placement import NodeInfo
+from rlinf.scheduler.base.address import resolve_address
+from rlinf.scheduler.base.config import DEFAULT_TIMEOUT, MAX_TIMEOUT, TIMEOUT_ENV, resolve_timeout
+from rlinf.scheduler.plugins.placement import NodeInfo
 
 from p2p_helpers import Peer, run_on
 

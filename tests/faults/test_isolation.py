@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from rlinf.scheduler import NodePlacementStrategy, Worker
-from rlinf.scheduler.host import reserve_port
+from rlinf.scheduler.runtime.host import reserve_port
 
 
 def test_reserved_port_is_held_but_usable_by_the_rendezvous_server():

@@ -10,7 +10,7 @@ ends the link, since the peer could not tell where the next one starts), and
 a receive.
 
 Every connection is authenticated before anything else happens on it: the
-listener hands each accepted socket to ``rlinf.scheduler.security``'s
+listener hands each accepted socket to ``rlinf.scheduler.base.security``'s
 ``HandshakeGate`` (the cluster-secret challenge both ways, a bounded hello,
 a deadline, a bound on handshakes in flight) and only sees the connections
 that passed; the connecting side runs ``client_handshake``, ``send_hello``
@@ -30,8 +30,8 @@ import threading
 import time
 from typing import Optional
 
-from rlinf.scheduler import security
-from rlinf.scheduler.p2p.transport import READ_AHEAD_MESSAGE_COST, HeldWithin, Link, Transport
+from rlinf.scheduler.base import security
+from rlinf.scheduler.plugins.transport import READ_AHEAD_MESSAGE_COST, HeldWithin, Link, Transport
 
 #: bytes of whole messages the reader thread takes from the socket before anyone asked for them
 #: (each message also counts READ_AHEAD_MESSAGE_COST, so many empty ones are bounded too)

@@ -4,32 +4,15 @@ The public API mirrors the RLinf scheduler so that programs written for it
 run unchanged; launchers and transports are plugins (see ``plugins.hookspecs``).
 """
 
-from .address import WorkerAddress
+from .base.address import WorkerAddress
 from .channel import Channel
-from .cluster import Cluster
-from .component_placement import ComponentPlacement, HybridComponentPlacement, PlacementMode
-from .errors import (
-    CommTimeoutError,
-    CommunicationError,
-    GroupNameError,
-    LaunchError,
-    PeerDiedError,
-    PlacementError,
-    PluginError,
-    RlinfError,
-    WorkerDiedError,
-    WorkerError,
-    WorkerMethodError,
-)
-from .group import WorkerGroup, WorkerGroupFuncResult
-from .info import WorkerInfo
-from .p2p.options import CollectiveGroupOptions
-from .placement import (
-    FlexiblePlacementStrategy,
-    NodePlacementStrategy,
-    PackedPlacementStrategy,
-    PlacementStrategy,
-)
+from .runtime.cluster import Cluster
+from .plugins.component_placement import ComponentPlacement, HybridComponentPlacement, PlacementMode
+from .base.errors import CommTimeoutError, CommunicationError, GroupNameError, LaunchError, PeerDiedError, PlacementError, PluginError, RlinfError, WorkerDiedError, WorkerError, WorkerMethodError
+from .runtime.group import WorkerGroup, WorkerGroupFuncResult
+from .base.info import WorkerInfo
+from .plugins.options import CollectiveGroupOptions
+from .plugins.placement import FlexiblePlacementStrategy, NodePlacementStrategy, PackedPlacementStrategy, PlacementStrategy
 from .worker import Worker
 
 __all__ = [

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     if args.command == "plugins":
         return _plugins()
     if args.command == "status":
-        from . import status
+        from .tools import status
 
         return status.main(args)
     return 2

@@ -1,5 +1,5 @@
-"""RLinf's path to ``CollectiveGroupOptions``; defined in ``rlinf.scheduler.p2p.options``."""
+"""RLinf's path to ``CollectiveGroupOptions``; defined in ``rlinf.scheduler.plugins.options``."""
 
-from .p2p.options import CollectiveGroupOptions
+from .plugins.options import CollectiveGroupOptions
 
 __all__ = ["CollectiveGroupOptions"]

@@ -64,7 +64,7 @@ class DeviceTransportConformance:
 
     @pytest.fixture
     def peer(self, transport):
-        from rlinf.scheduler.security import cluster_secret
+        from rlinf.scheduler.base.security import cluster_secret
 
         cluster_secret()  # made here if absent, so the peer inherits the same one
         p = _Peer(self.transport_name, dict(os.environ, **self.peer_env), "rlinf.testing._device_echo_peer",
@@ -146,7 +146,7 @@ class DeviceTransportConformance:
         assert peer.proc.wait(10) == 17
 
     def test_refuses_other_devices(self, transport):
-        from rlinf.scheduler.errors import PluginError
+        from rlinf.scheduler.base.errors import PluginError
         from rlinf.scheduler.plugins import get_registry
 
         entry = get_registry().transport(self.transport_name, self.device.split(":")[0])

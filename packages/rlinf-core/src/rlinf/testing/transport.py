@@ -66,7 +66,7 @@ class TransportConformance:
 
     @pytest.fixture
     def peer(self):
-        from rlinf.scheduler.security import cluster_secret
+        from rlinf.scheduler.base.security import cluster_secret
 
         cluster_secret()  # made here if absent, so the peer inherits the same one
         env = dict(os.environ, **self.peer_env)
@@ -92,8 +92,8 @@ class TransportConformance:
         assert [bytes(f) for f in frames] == [b"hi there", b"hello?"] and raw is False
 
     def test_a_process_with_another_secret_is_refused(self, transport, peer, monkeypatch):
-        """The listener authenticates (``rlinf.scheduler.security``): another cluster's process cannot connect."""
-        from rlinf.scheduler.security import SECRET_ENV
+        """The listener authenticates (``rlinf.scheduler.base.security``): another cluster's process cannot connect."""
+        from rlinf.scheduler.base.security import SECRET_ENV
 
         right = os.environ[SECRET_ENV]
         monkeypatch.setenv(SECRET_ENV, "another-cluster-" + "0" * 32)

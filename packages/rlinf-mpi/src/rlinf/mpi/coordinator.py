@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Optional, Sequence
 
-from rlinf.scheduler.errors import PlacementError
+from rlinf.scheduler.base.errors import PlacementError
 
 from . import runtime, status
 

@@ -18,10 +18,11 @@ from typing import Any, Optional, Sequence
 
 import cloudpickle
 
-from rlinf.scheduler import config, progress, watch
-from rlinf.scheduler.errors import GroupNameError, LaunchError, WorkerError
-from rlinf.scheduler.launcher import CallOutcome, Died, Launcher, LauncherSession, PendingCall, Rejected, from_wire
-from rlinf.scheduler.placement import NodeInfo
+from rlinf.scheduler.base import config, progress
+from rlinf.scheduler.plugins import watch
+from rlinf.scheduler.base.errors import GroupNameError, LaunchError, WorkerError
+from rlinf.scheduler.plugins.launcher import CallOutcome, Died, Launcher, LauncherSession, PendingCall, Rejected, from_wire
+from rlinf.scheduler.plugins.placement import NodeInfo
 
 from . import runtime
 from .coordinator import Coordinator

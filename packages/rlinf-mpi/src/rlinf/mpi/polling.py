@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from rlinf.scheduler.config import getenv
+from rlinf.scheduler.base.config import getenv
 
 SPIN_ENV = "RLINF_MPI_SPIN_US"
 DEFAULT_SPIN_US = 2000.0

@@ -17,7 +17,7 @@ import traceback
 
 import cloudpickle
 
-from rlinf.scheduler.host import WorkerHost
+from rlinf.scheduler.runtime.host import WorkerHost
 
 from . import runtime
 from .service import Service, rank_alive, service

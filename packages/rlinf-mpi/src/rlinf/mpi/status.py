@@ -5,7 +5,7 @@ There is no cluster service to ask, so rank 0 writes its group registry
 ``<status dir>/mpi-<host>-<pid>.json`` whenever a group is registered or
 released, touches it every ``RLINF_STATUS_REFRESH`` seconds (30) while the
 job runs, and removes it when the program ends.  The directory is the user's
-own (mode 0700, see ``rlinf.scheduler.status_dir``) and the file mode 0600:
+own (mode 0700, see ``rlinf.scheduler.tools.status_dir``) and the file mode 0600:
 the workers' status tokens in it stay the user's.  A status process reads
 the files of jobs whose rank 0 still runs, if on this machine (its pid, and
 the process's start time, so that a pid reused since a job was killed does
@@ -26,11 +26,11 @@ import threading
 import time
 from typing import Optional
 
-from rlinf.scheduler.address import WorkerAddress
-from rlinf.scheduler.info import WorkerInfo
-from rlinf.scheduler.launcher import GroupRecord, WorkerRecord
-from rlinf.scheduler.status_dir import process_mark, published, runs_here, status_dir
-from rlinf.scheduler.status_dir import PublishedFile
+from rlinf.scheduler.base.address import WorkerAddress
+from rlinf.scheduler.base.info import WorkerInfo
+from rlinf.scheduler.plugins.launcher import GroupRecord, WorkerRecord
+from rlinf.scheduler.tools.status_dir import process_mark, published, runs_here, status_dir
+from rlinf.scheduler.tools.status_dir import PublishedFile
 
 _file = PublishedFile("mpi")
 _refresher: Optional[threading.Thread] = None

@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from rlinf.scheduler.p2p.transport import READ_AHEAD_MESSAGE_COST, HeldWithin, Link, LinkClosed, Transport
+from rlinf.scheduler.plugins.transport import READ_AHEAD_MESSAGE_COST, HeldWithin, Link, LinkClosed, Transport
 
 from . import runtime
 from .polling import IN_MPI, wait_for, wait_requests

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Optional, Sequence
 
-from rlinf.scheduler.p2p.transport import DeviceLink, Link, Transport
+from rlinf.scheduler.plugins.transport import DeviceLink, Link, Transport
 
 from . import rendezvous, tuning
 

@@ -66,7 +66,7 @@ def taken(link) -> None:
     ``local_info`` and the answer are ready: those may import torch or start CUDA first."""
     settle = getattr(link, "settle", None)
     if settle is not None:
-        from rlinf.scheduler import security
+        from rlinf.scheduler.base import security
 
         settle(security.handshake_deadline())
 

@@ -30,8 +30,8 @@ import time
 import warnings
 from typing import Optional, Sequence
 
-from rlinf.scheduler import config
-from rlinf.scheduler.p2p.transport import DeviceLink, Link, Transport
+from rlinf.scheduler.base import config
+from rlinf.scheduler.plugins.transport import DeviceLink, Link, Transport
 
 from . import rendezvous, tuning
 

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import ray
 
-from rlinf.scheduler.host import WorkerHost
+from rlinf.scheduler.runtime.host import WorkerHost
 
 from .classes import share_class_tracker
 

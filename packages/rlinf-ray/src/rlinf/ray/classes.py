@@ -40,7 +40,7 @@ def share_class_tracker() -> bool:
         return False
     if not all(hasattr(m, name) for m in (ours, rays) for name in _TABLES):
         return False
-    from rlinf.scheduler.serialization import also_ship_by_value_with, keep_own_classes
+    from rlinf.scheduler.base.serialization import also_ship_by_value_with, keep_own_classes
 
     keep_own_classes(rays)
     also_ship_by_value_with(rays)  # Ray pickles call arguments with its copy

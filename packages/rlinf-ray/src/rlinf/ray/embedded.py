@@ -27,7 +27,7 @@ import stat
 import tempfile
 from typing import Iterable, Optional
 
-from rlinf.scheduler import security
+from rlinf.scheduler.base import security
 
 #: the subdirectory of the private directory that Ray gets as its temp dir (Ray makes it 0777)
 RAY_SUBDIR = "ray"

@@ -26,20 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from rlinf.scheduler import config, progress, watch
-from rlinf.scheduler.errors import GroupNameError, LaunchError, WorkerError
-from rlinf.scheduler.launcher import (
-    CallOutcome,
-    Died,
-    Failed,
-    GroupRecord,
-    Launcher,
-    LauncherSession,
-    PendingCall,
-    Rejected,
-    from_wire,
-)
-from rlinf.scheduler.placement import NodeInfo
+from rlinf.scheduler.base import config, progress
+from rlinf.scheduler.plugins import watch
+from rlinf.scheduler.base.errors import GroupNameError, LaunchError, WorkerError
+from rlinf.scheduler.plugins.launcher import CallOutcome, Died, Failed, GroupRecord, Launcher, LauncherSession, PendingCall, Rejected, from_wire
+from rlinf.scheduler.plugins.placement import NodeInfo
 
 from . import embedded
 from .classes import share_class_tracker
@@ -66,7 +57,7 @@ def _prepare_environment(address: Optional[str]) -> None:
 
 def _ray_resource(node: NodeInfo) -> str:
     """The Ray resource that counts this node's accelerators (``"GPU"``, ``"NPU"``, ...)."""
-    from rlinf.scheduler import accelerator
+    from rlinf.scheduler.plugins import accelerator
 
     return accelerator.get(node.accelerator).ray_resource if node.accelerator else "GPU"
 
@@ -119,7 +110,7 @@ class RaySession(LauncherSession):
 
     @staticmethod
     def _in_worker() -> bool:
-        from rlinf.scheduler import context
+        from rlinf.scheduler.base import context
 
         return context.current() is not None
 
@@ -128,7 +119,7 @@ class RaySession(LauncherSession):
     def nodes(self) -> list[NodeInfo]:
         if self._nodes_cache is None:
             ordered = _ray_node_order(self._ray.nodes())
-            from rlinf.scheduler import accelerator
+            from rlinf.scheduler.plugins import accelerator
 
             kinds = [accelerator.for_resources(n.get("Resources", {})) for n in ordered]
             self._nodes_cache = [

@@ -4,13 +4,13 @@ Every driver keeps its groups in a registry actor (``registry``), named in the
 driver's Ray namespace; a status process joins the cluster at ``RAY_ADDRESS``
 as a plain Ray client, finds every registry by name across namespaces and
 reads their records.  It starts nothing, and asks each worker itself (through
-the worker's status listener, see ``rlinf.scheduler.status_server``), not
+the worker's status listener, see ``rlinf.scheduler.runtime.status_server``), not
 through its actor, whose calls may be busy.
 
 A driver that started an embedded cluster (no ``RAY_ADDRESS``) is the only
 one that knows its address and its random token: it publishes both in the
 user's private status directory (``ray-<host>-<pid>.json``, mode 0600; see
-``rlinf.scheduler.status_dir``) while the cluster runs, and the status command
+``rlinf.scheduler.tools.status_dir``) while the cluster runs, and the status command
 finds the newest such cluster of this machine there when ``RAY_ADDRESS`` is
 not set.
 """
@@ -23,8 +23,8 @@ import socket
 import time
 from typing import Optional
 
-from rlinf.scheduler.status_dir import process_mark, published, runs_here
-from rlinf.scheduler.status_dir import PublishedFile
+from rlinf.scheduler.tools.status_dir import process_mark, published, runs_here
+from rlinf.scheduler.tools.status_dir import PublishedFile
 
 from .registry import REGISTRY_ACTOR_NAME
 

@@ -17,13 +17,13 @@ import time
 import weakref
 from typing import Any, Optional
 
-from .. import config, lifecycle
-from ..address import validate_group_name
-from ..cluster import Cluster
-from ..launcher import current_session
-from ..placement import NodePlacementStrategy
-from ..errors import CommTimeoutError, CommunicationError, GroupNameError, PeerDiedError
-from ..tracing.hooks import hook
+from ..base import config, lifecycle
+from ..base.address import validate_group_name
+from ..runtime.cluster import Cluster
+from ..plugins.launcher import current_session
+from ..plugins.placement import NodePlacementStrategy
+from ..base.errors import CommTimeoutError, CommunicationError, GroupNameError, PeerDiedError
+from ..base.hooks import hook
 from ..worker import Worker
 from ..worker.worker import provide_channels
 from .keys import key_token, replica_of, show_key
@@ -43,8 +43,8 @@ class ChannelHostWorker(Worker):
 
     def __init__(self, channel_name: str, maxsize: int):
         super().__init__()
-        from .. import status_server
-        from ..p2p.communicator import local_communicator
+        from ..runtime import status_server
+        from ..messaging.p2p.communicator import local_communicator
         from .server import ChannelServer
 
         self._server = ChannelServer(channel_name, maxsize)
@@ -235,7 +235,7 @@ class Channel:
                 raise asyncio.QueueFull(f"{what}: the host is not taking items ({exc})") from None
             raise CommTimeoutError(f"{what}: {exc}", peer=client.host) from None
         if async_op:
-            from ..p2p.async_work import AsyncWork
+            from ..transports.async_work import AsyncWork
 
             if ctrl["op"] in ("get", "get_batch"):
                 return _TakeWork(fut, what, finish, client, rid)
@@ -256,7 +256,7 @@ class Channel:
     @hook("channel")
     def put(self, item: Any, weight: float = 0, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
         """Append ``item`` to ``key``'s queue, waiting for room when the channel is bounded."""
-        from ..p2p import codec
+        from ..transports import codec
 
         header, buffers = codec.encode(item)
         timeout = None if async_op and timeout is None else config.resolve_timeout(timeout)
@@ -267,7 +267,7 @@ class Channel:
     @hook("channel")
     def put_nowait(self, item: Any, weight: float = 0, key: str = DEFAULT_KEY) -> None:
         """Append or raise ``asyncio.QueueFull`` at once."""
-        from ..p2p import codec
+        from ..transports import codec
 
         header, buffers = codec.encode(item)
         self._call({"op": "put", "key": _check_key(key), "weight": float(weight), "nowait": True}, [header, *buffers],
@@ -309,7 +309,7 @@ class Channel:
 
 
 def _take_work_base():
-    from ..p2p.async_work import AsyncWork
+    from ..transports.async_work import AsyncWork
 
     return AsyncWork
 
@@ -359,7 +359,7 @@ class _TakeWork(_take_work_base()):
         return self._take(await super().async_wait())
 
     def then(self, fn):
-        from ..p2p.async_work import AsyncWork
+        from ..transports.async_work import AsyncWork
 
         nxt: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -404,14 +404,14 @@ def _split(ctrl: dict, frames: list) -> list:
 
 
 def _decode_one(ctrl: dict, frames: list):
-    from ..p2p import codec
+    from ..transports import codec
 
     item = _split(ctrl, frames)[0]
     return codec.decode(item[0], item[1:])
 
 
 def _decode_many(ctrl: dict, frames: list) -> list:
-    from ..p2p import codec
+    from ..transports import codec
 
     return [codec.decode(item[0], item[1:]) for item in _split(ctrl, frames)]
 

@@ -19,7 +19,7 @@ def _always_usable() -> Optional[str]:
 class LauncherPlugin:
     """A way to start worker processes (Ray, MPI, ...).
 
-    ``factory()`` returns an object implementing ``rlinf.scheduler.launcher.Launcher``.
+    ``factory()`` returns an object implementing ``rlinf.scheduler.plugins.launcher.Launcher``.
     ``check()`` returns ``None`` when usable here, else a one-line reason.
     Among usable launchers the highest ``priority`` is the default.
     """
@@ -35,7 +35,7 @@ class LauncherPlugin:
 class TransportPlugin:
     """A way to move buffers between two workers.
 
-    ``factory()`` returns an object implementing ``rlinf.scheduler.p2p.transport.Transport``.
+    ``factory()`` returns an object implementing ``rlinf.scheduler.plugins.transport.Transport``.
     ``devices`` names the tensor devices it serves (``"cpu"``, ``"cuda"``); for each
     device the usable transport with the highest ``priority`` is the default.
 

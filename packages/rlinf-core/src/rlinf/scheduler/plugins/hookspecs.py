@@ -36,14 +36,14 @@ Rules a plugin follows:
 * Hooks return descriptors and nothing else; they must be cheap (no network,
   no heavy imports): do that work in ``factory``.
 * ``check()`` never raises; it returns ``None`` or the reason it is unusable.
-* Launchers implement ``rlinf.scheduler.launcher.Launcher``; transports
-  implement ``rlinf.scheduler.p2p.transport.Transport`` (device transports
+* Launchers implement ``rlinf.scheduler.plugins.launcher.Launcher``; transports
+  implement ``rlinf.scheduler.plugins.transport.Transport`` (device transports
   also the optional device methods described there); accelerators are plain
   ``AcceleratorPlugin`` descriptors (see ``rlinf_register_accelerators``).  Core owns message
   formats, ordering, timeouts and error reporting; a backend moves processes
   or bytes.
 * Every listener authenticates its peer before it reads a byte of hello or
-  payload, with ``rlinf.scheduler.security``: pass each accepted socket to a
+  payload, with ``rlinf.scheduler.base.security``: pass each accepted socket to a
   ``HandshakeGate`` (uid check on Unix sockets, mutual HMAC challenge on the
   cluster secret, bounded hello, deadline, bounded handshakes in flight),
   publish its ``listener_id`` in your endpoint and run ``client_handshake``
@@ -109,10 +109,10 @@ def rlinf_register_accelerators() -> list:
       ``available_gpus`` the indices of all its own devices.  Other kinds'
       variables are left alone.  ``RLINF_ACCELERATOR=<name>`` in the driver
       forces a kind when several could match.
-    * ``rlinf.scheduler.accelerator.current()`` returns the descriptor of the
+    * ``rlinf.scheduler.plugins.accelerator.current()`` returns the descriptor of the
       kind active in the calling process (a CPU descriptor when none): code
       that needs ``torch_device_type`` or the collective backend asks it.
 
     NVIDIA, AMD and Ascend ship with rlinf-core through this very hook
-    (``rlinf.scheduler.accelerator_plugin``).
+    (``rlinf.scheduler.plugins.accelerator_plugin``).
     """

@@ -19,8 +19,8 @@ from typing import Optional
 
 import pluggy
 
-from .. import config
-from ..errors import PluginError
+from ..base import config
+from ..base.errors import PluginError
 from . import hookspecs
 from .descriptors import AcceleratorPlugin, LauncherPlugin, TransportPlugin
 

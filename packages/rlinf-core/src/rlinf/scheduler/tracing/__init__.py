@@ -61,7 +61,7 @@ def check_path(path) -> str:
 def on_driver_connect() -> None:
     """A driver connected to its first cluster: with ``RLINF_TRACE`` set, record and write the file at exit."""
     global _exit_registered, _exit_path
-    from .. import context
+    from ..base import context
 
     raw = os.environ.get(TRACE_ENV)
     if not raw or context.current() is not None or _exit_registered:

@@ -27,7 +27,7 @@ import os
 import time
 from typing import Optional
 
-from .. import config
+from ..base import config
 from . import recorder
 
 COLLECT_TIMEOUT_ENV = "RLINF_TRACE_TIMEOUT"
@@ -103,7 +103,7 @@ def _forget() -> None:
 def _give_back_orphan_timings() -> None:
     """A control call runs like a group call, so it was handed the timings recorded outside any call;
     they belong to the user's next call: put them back."""
-    from .. import timing
+    from ..base import timing
 
     log = timing._current_log.get()
     if log:
@@ -177,7 +177,7 @@ def _call_all(session, targets: dict, op: str, args: tuple, timeout: float) -> d
     Bounded by ``timeout`` in all; every worker that did not answer is noted.  A worker that has not
     answered an earlier control call yet is not waited for again: ``stop`` is sent to it (it runs
     after the earlier one), anything else is skipped with a note."""
-    from ..launcher import CallOutcome, Died
+    from ..plugins.launcher import CallOutcome, Died
 
     calls = []
     owing = _still_owing(session, targets, op, args)

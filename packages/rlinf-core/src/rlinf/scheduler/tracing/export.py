@@ -15,7 +15,7 @@ import os
 import tempfile
 from typing import Optional
 
-from .. import jsonfile
+from ..base import jsonfile
 
 
 def _sort_key(dump: dict):

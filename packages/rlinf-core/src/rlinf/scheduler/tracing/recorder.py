@@ -48,7 +48,7 @@ import time
 import weakref
 from typing import Optional
 
-from .. import context
+from ..base import context
 
 #: ``factory(kind, fn) -> wrapper`` that records one kind of hook point: registered by ``wrappers``, which
 #: records into this buffer (``provide_wrappers``)
@@ -162,7 +162,7 @@ def enable() -> bool:
             _retired.append(old)
             _capacity, _soft_high = size, size + _slack(size)
         _delta_ns = time.time_ns() - clock()
-        from . import hooks
+        from ..base import hooks
 
         if _wrapper_factory is None:
             raise RuntimeError("the recording wrappers are not loaded: import rlinf.scheduler.tracing.wrappers")
@@ -178,7 +178,7 @@ def disable() -> None:
     with _lock:
         if not _on:
             return
-        from . import hooks
+        from ..base import hooks
 
         hooks.uninstall()
         _on = False

@@ -233,7 +233,7 @@ def _p2p_async(fn):
 
 def _p2p_recv_tensor(fn):
     """``recv_tensor``: the receiver knows the size up front; a span until the tensor is filled."""
-    from ..p2p.communicator import local_communicator
+    from ..messaging.p2p.communicator import local_communicator
 
     @functools.wraps(fn)
     def traced_recv_tensor(tensor, src_group_name, src_rank, async_op=False, options=None, timeout=None):

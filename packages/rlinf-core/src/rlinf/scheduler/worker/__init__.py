@@ -5,8 +5,8 @@ RLinf programs import ``rlinf.scheduler.worker.worker.Worker`` and
 ``rlinf.scheduler`` exports.
 """
 
-from ..address import WorkerAddress
-from ..info import WorkerInfo
+from ..base.address import WorkerAddress
+from ..base.info import WorkerInfo
 from .worker import Worker
 from .worker_group import WorkerGroup, WorkerGroupFuncResult
 

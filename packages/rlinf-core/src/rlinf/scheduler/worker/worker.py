@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from .. import accelerator, context, timing, worker_logging
-from ..address import RankPath, WorkerAddress
-from ..info import WorkerInfo
+from ..plugins import accelerator
+from ..base import context, timing, worker_logging
+from ..base.address import RankPath, WorkerAddress
+from ..base.info import WorkerInfo
 
 if TYPE_CHECKING:
-    from ..group import WorkerGroup
-    from ..p2p.options import CollectiveGroupOptions
+    from ..runtime.group import WorkerGroup
+    from ..plugins.options import CollectiveGroupOptions
 
 
 _api = None
@@ -42,7 +43,7 @@ def _p2p():
     """The point-to-point module, imported on first use (driver processes never need it)."""
     global _api
     if _api is None:
-        from ..p2p import api
+        from ..messaging.p2p import api
 
         _api = api
     return _api
@@ -94,7 +95,7 @@ class Worker:
     @classmethod
     def create_group(cls, *args, **kwargs) -> "WorkerGroup":
         """An unlaunched group of this class; ``.launch(cluster, ...)`` starts it."""
-        from ..group import WorkerGroup
+        from ..runtime.group import WorkerGroup
 
         return WorkerGroup(cls, args, kwargs)
 
@@ -219,7 +220,7 @@ class Worker:
 
         ``out`` (on receivers): a tensor or a dict/list/tuple of tensors to fill in place (and return).
         ``share_memory`` (receivers with ``out``): on the source's host, the memory behind ``out``'s tensors
-        moves onto the copy the source wrote instead of being copied into (see ``rlinf.scheduler.p2p.api.broadcast``).
+        moves onto the copy the source wrote instead of being copied into (see ``rlinf.scheduler.messaging.p2p.api.broadcast``).
         """
         return _p2p().broadcast(object, groups=groups, src=src, async_op=async_op, options=options, timeout=timeout,
                                 out=out, share_memory=share_memory)

@@ -1,5 +1,5 @@
-"""RLinf's path to ``WorkerGroup``; the implementation lives in ``rlinf.scheduler.group``."""
+"""RLinf's path to ``WorkerGroup``; the implementation lives in ``rlinf.scheduler.runtime.group``."""
 
-from ..group import WorkerGroup, WorkerGroupFuncResult
+from ..runtime.group import WorkerGroup, WorkerGroupFuncResult
 
 __all__ = ["WorkerGroup", "WorkerGroupFuncResult"]

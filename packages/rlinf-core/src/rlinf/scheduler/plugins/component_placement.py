@@ -25,13 +25,8 @@ import re
 from enum import Enum, auto
 from typing import Any, Optional
 
-from .errors import PlacementError
-from .placement import (
-    FlexiblePlacementStrategy,
-    NodePlacementStrategy,
-    PackedPlacementStrategy,
-    PlacementStrategy,
-)
+from ..base.errors import PlacementError
+from .placement import FlexiblePlacementStrategy, NodePlacementStrategy, PackedPlacementStrategy, PlacementStrategy
 
 
 class PlacementMode(Enum):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .. import config
-from ..address import resolve_address
-from ..errors import CommunicationError
-from .async_work import AsyncWork
+from ...base import config
+from ...base.address import resolve_address
+from ...base.errors import CommunicationError
+from ...transports.async_work import AsyncWork
 from .communicator import local_communicator
-from .options import CollectiveGroupOptions, honoured, unsupported_options
-from ..tracing.hooks import hook
+from ...plugins.options import CollectiveGroupOptions, honoured, unsupported_options
+from ...base.hooks import hook
 
 
 _peers: dict = {}
@@ -47,7 +47,7 @@ def _setup(group_name, rank, options, timeout):
 
 def _note_ignored(options: CollectiveGroupOptions) -> None:
     """Tuning fields configure device links only; say once which ones the pair's CPU transport ignores."""
-    from ..plugins import get_registry
+    from ...plugins import get_registry
 
     try:
         entry = get_registry().transport(options.transport, "cpu")

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Callable, Iterator, Sequence
 
-from .tracing.hooks import hook
+from .hooks import hook
 
 class _CallLog(dict):
     """The timings of one call; ``closed`` once the call returned (later timings become orphans)."""

@@ -36,8 +36,8 @@ from typing import Any, Callable, Optional
 
 import cloudpickle
 
-from ..serialization import keep_own_classes  # noqa: F401  (received classes resolve to ours untouched)
-from ..serialization import ship_run_time_modules_by_value
+from ..base.serialization import keep_own_classes  # noqa: F401  (received classes resolve to ours untouched)
+from ..base.serialization import ship_run_time_modules_by_value
 
 _TORCH = "torch"
 #: numpy dtype kinds whose items are plain bytes (no pointers): these go out of band

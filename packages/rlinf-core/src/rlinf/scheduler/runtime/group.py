@@ -17,18 +17,19 @@ import time
 import weakref
 from typing import Any, Optional
 
-from . import config, context, lifecycle, watch
-from .address import WorkerAddress, validate_group_name
+from ..base import config, context, lifecycle
+from ..plugins import watch
+from ..base.address import WorkerAddress, validate_group_name
 from .cluster import Cluster, is_ended, on_shutdown
-from .errors import GroupNameError, LaunchError, WorkerDiedError, WorkerError, WorkerMethodError
+from ..base.errors import GroupNameError, LaunchError, WorkerDiedError, WorkerError, WorkerMethodError
 from .host import async_methods
-from .launcher import CallOutcome, Died, GroupRecord, LauncherSession, Rejected, WorkerRecord, WorkerSpec
-from .placement import PlacementStrategy, default_placement
-from .plugins import get_registry
-from .serialization import dumps_worker_payload, ship_run_time_modules_by_value
-from .timing import reduce_durations
-from .tracing import collect
-from .tracing.hooks import hook
+from ..plugins.launcher import CallOutcome, Died, GroupRecord, LauncherSession, Rejected, WorkerRecord, WorkerSpec
+from ..plugins.placement import PlacementStrategy, default_placement
+from ..plugins import get_registry
+from ..base.serialization import dumps_worker_payload, ship_run_time_modules_by_value
+from ..base.timing import reduce_durations
+from ..tracing import collect
+from ..base.hooks import hook
 
 
 def _primary_error(errors: list[WorkerError]) -> WorkerError:

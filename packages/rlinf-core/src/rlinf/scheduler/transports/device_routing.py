@@ -80,7 +80,7 @@ def materialize(skeleton: Any, device=None) -> tuple[Any, list]:
     import torch
 
     if device is None:
-        from ..accelerator import current
+        from ..plugins.accelerator import current
 
         kind = current().torch_device_type
         device = torch.device(kind, getattr(torch, kind).current_device()) if kind != "cpu" else torch.device("cpu")
@@ -222,7 +222,7 @@ class DeviceRouter:
 
         ``ValueError`` when this transport cannot honour one (see ``options.link_options``).
         """
-        from .options import link_options
+        from ..plugins.options import link_options
 
         return link_options(options, self.entry)
 

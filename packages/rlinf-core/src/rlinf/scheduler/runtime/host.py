@@ -20,13 +20,14 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from . import calls, context, lifecycle, status_server, timing
-from .errors import CommunicationError, LaunchError, WorkerMethodError
-from .info import WorkerInfo
-from .launcher import CallOutcome, WorkerRecord, WorkerSpec, to_wire
-from .serialization import loads_worker_payload
-from .tracing import on_worker_start
-from .tracing.hooks import hook
+from ..base import calls, context, lifecycle, timing
+from . import status_server
+from ..base.errors import CommunicationError, LaunchError, WorkerMethodError
+from ..base.info import WorkerInfo
+from ..plugins.launcher import CallOutcome, WorkerRecord, WorkerSpec, to_wire
+from ..base.serialization import loads_worker_payload
+from ..tracing import on_worker_start
+from ..base.hooks import hook
 
 
 def reserve_port(host: str = "") -> tuple[socket.socket, int]:
@@ -150,7 +151,7 @@ class WorkerHost:
         context.set_current(self._ctx)
         self.is_async = bool(spec.async_methods)
         self._max_concurrency = spec.max_concurrency
-        from . import worker_logging  # after the context: the worker's log lines carry its address
+        from ..base import worker_logging  # after the context: the worker's log lines carry its address
 
         worker_logging.configure_worker_process()
         try:
@@ -171,13 +172,13 @@ class WorkerHost:
                 remote_traceback=traceback.format_exc(),
                 **self._error_fields("__init__"),
             ) from None
-        from .p2p.endpoints import published_endpoints  # imported late: only worker processes listen
+        from ..messaging.p2p.endpoints import published_endpoints  # imported late: only worker processes listen
 
         return WorkerRecord(info=info, endpoints=published_endpoints(), status=status_server.start(node_ip))
 
     def _set_device_env(self, spec: WorkerSpec, env: dict) -> None:
         """Put this worker's accelerator variables into ``env`` (see ``accelerator``); remember what they replace."""
-        from . import accelerator
+        from ..plugins import accelerator
 
         placement = spec.placement
         self._saved_env.setdefault(accelerator.WORKER_ACCELERATOR_ENV, os.environ.get(accelerator.WORKER_ACCELERATOR_ENV))
@@ -267,7 +268,7 @@ class WorkerHost:
         err.secondary = bool(getattr(exc, "secondary", False)) and isinstance(exc, CommunicationError)
         err.cause = _picklable(exc)
         if not err.secondary:  # said here as it happens, whether or not anyone waits on the call
-            from .worker_logging import report_call_failure
+            from ..base.worker_logging import report_call_failure
 
             report_call_failure(err)
         return to_wire(CallOutcome(False, err, durations))

@@ -7,7 +7,7 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, Optional
 
-from .. import config
+from ..base import config
 
 
 class AsyncWork:

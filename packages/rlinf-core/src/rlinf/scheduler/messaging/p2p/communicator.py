@@ -37,16 +37,16 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .. import config, context, lifecycle
-from ..address import WorkerAddress
-from ..errors import CommTimeoutError, CommunicationError, PeerDiedError
-from ..launcher import current_session
-from ..plugins import get_registry
-from ..tracing.hooks import hook
-from . import codec, device_routing
-from .async_work import AsyncWork
-from .ordering import SerialRunner, Turnstile
-from .transport import Link, LinkClosed, Transport
+from ...base import config, context, lifecycle
+from ...base.address import WorkerAddress
+from ...base.errors import CommTimeoutError, CommunicationError, PeerDiedError
+from ...plugins.launcher import current_session
+from ...plugins import get_registry
+from ...base.hooks import hook
+from ...transports import codec, device_routing
+from ...transports.async_work import AsyncWork
+from ...transports.ordering import SerialRunner, Turnstile
+from ...plugins.transport import Link, LinkClosed, Transport
 
 log = logging.getLogger("rlinf.p2p")
 
@@ -356,7 +356,7 @@ class Communicator:
         ``again_after_hello=False``: only while the hello has not gone out (a
         broadcast, whose feeder pairs a late connection with its next call).
         """
-        from ..security import NotTaken, handshake_timeout
+        from ...base.security import NotTaken, handshake_timeout
 
         give_up = deadline if deadline is not None else time.monotonic() + 4 * handshake_timeout()
         pause = 0.05
@@ -590,7 +590,7 @@ class Communicator:
 
     def send_tensor(self, tensor, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool,
                     options=None):
-        from . import codec
+        from ...transports import codec
 
         transport = self.transport_name(transport)
         if tensor.device.type != "cpu":  # announced on the CPU path, moved on a device link
@@ -606,7 +606,7 @@ class Communicator:
 
     def recv_tensor(self, tensor, peer: WorkerAddress, transport: Optional[str], timeout: float, async_op: bool,
                     options=None):
-        from . import codec
+        from ...transports import codec
 
         transport = self.transport_name(transport)
         if tensor.device.type != "cpu":
@@ -691,7 +691,7 @@ def _lenient_fields(router, options, fields: Optional[dict]) -> dict:
     """The fields for a link set up on receipt: those checked up front, else those the transport honours."""
     if fields is not None:
         return fields
-    from .options import LINK_FIELDS, honoured
+    from ...plugins.options import LINK_FIELDS, honoured
 
     can = honoured(router.entry.descriptor)
     return {k: v for k, v in options.transport_options().items() if k in LINK_FIELDS and k in can}

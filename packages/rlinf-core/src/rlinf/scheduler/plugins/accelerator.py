@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from .errors import PluginError
-from .plugins import AcceleratorPlugin
+from ..base.errors import PluginError
+from . import AcceleratorPlugin
 
 #: driver setting: force an accelerator kind by name when several could match
 ACCELERATOR_ENV = "RLINF_ACCELERATOR"
@@ -47,7 +47,7 @@ CPU = AcceleratorPlugin(
 
 def kinds() -> list[AcceleratorPlugin]:
     """Usable accelerator kinds, highest priority first."""
-    from .plugins import get_registry
+    from . import get_registry
 
     entries = [p for p in get_registry().provided["accelerator"].values() if not p.unusable_reason()]
     return [p.descriptor for p in sorted(entries, key=lambda p: -p.descriptor.priority)]
@@ -57,7 +57,7 @@ def get(name: str) -> AcceleratorPlugin:
     """The kind named ``name`` (``"cpu"`` included); PluginError naming the installed ones otherwise."""
     if name == CPU.name:
         return CPU
-    from .plugins import get_registry
+    from . import get_registry
 
     entry = get_registry().provided["accelerator"].get(name)
     if entry is None:

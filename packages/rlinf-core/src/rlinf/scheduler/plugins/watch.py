@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Optional
 
-from . import config
+from ..base import config
 from .launcher import Died
 
 STUCK_ENV = "RLINF_STUCK_CALL_WARN"

@@ -29,7 +29,7 @@ import tempfile
 import time
 from typing import Optional
 
-from . import jsonfile, security
+from ..base import jsonfile, security
 
 STATUS_DIR_ENV = "RLINF_STATUS_DIR"
 _log = logging.getLogger("rlinf.status")

@@ -75,12 +75,12 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..errors import CommTimeoutError, CommunicationError, PeerDiedError
-from ..security import HandshakeError
-from ..tracing.hooks import hook
-from . import codec, device_routing
-from .async_work import AsyncWork
-from .ordering import SerialRunner, Turnstile
+from ...base.errors import CommTimeoutError, CommunicationError, PeerDiedError
+from ...base.security import HandshakeError
+from ...base.hooks import hook
+from ...transports import codec, device_routing
+from ...transports.async_work import AsyncWork
+from ...transports.ordering import SerialRunner, Turnstile
 
 SERVICE = "rlinf-broadcast"
 CHUNK_ENV = "RLINF_BROADCAST_CHUNK_MB"
@@ -251,7 +251,7 @@ class _State:
     # -- segments, source side --------------------------------------------------------
     def acquire_segment(self, nbytes: int):
         """A segment no receiver maps, with room for ``nbytes``: a warm one from the pool if one fits."""
-        from .shm import create_segment
+        from ...transports.shm import create_segment
 
         with self.segment_lock:
             self.last_served = time.monotonic()
@@ -314,7 +314,7 @@ class _State:
     def shared_mapping(self, feeder: str, uid: Optional[str], fd: int, size: int):
         """A read-write mapping of the segment behind ``fd``: one kept from ``feeder``'s last broadcasts if
         it is the same segment (its pages are mapped already), else a new one, kept (``_MAX_MAPPED``)."""
-        from .shm import map_shared
+        from ...transports.shm import map_shared
 
         st = os.fstat(fd)
         key = (uid, st.st_dev, st.st_ino, size)
@@ -527,7 +527,7 @@ def _raise(comm, errors: list, timeout: float) -> None:
         return
     kinds = {e["kind"] for e in errors}
     cls = PeerDiedError if "died" in kinds else CommTimeoutError if "timeout" in kinds else CommunicationError
-    from ..address import WorkerAddress
+    from ...base.address import WorkerAddress
 
     names = "; ".join(comm._describe(WorkerAddress.from_name(n)) for n in sorted({e["who"] for e in errors}))
     text = "; ".join(e["text"] for e in errors[:8])
@@ -652,7 +652,7 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
     errors = []
     try:
         if shm_children:
-            from .shm import DATA_OFFSET, parallel_copy
+            from ...transports.shm import DATA_OFFSET, parallel_copy
 
             seg = state.acquire_segment(max(total, 1))
             for b, off in zip(buffers, offsets):
@@ -788,7 +788,7 @@ def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, de
     moved onto it (``share_memory``).
     """
     import numpy as np  # imported here: a process that never broadcasts does not load it
-    from .shm import DATA_OFFSET, map_private, parallel_copy
+    from ...transports.shm import DATA_OFFSET, map_private, parallel_copy
 
     sizes = meta["sizes"]
     offsets, total = _layout(sizes)

@@ -5,7 +5,7 @@ clean up) and large buffers travel through ``memfd`` shared memory: one copy
 on the sender, none on the receiver.  Peers on different hosts (or when
 ``RLINF_CPU_LOCAL=0``) connect over TCP and buffers travel inline.
 
-Every connection starts with ``rlinf.scheduler.security``'s handshake (the
+Every connection starts with ``rlinf.scheduler.base.security``'s handshake (the
 cluster secret, both ways) and the length-prefixed hello; only then does a
 ``SocketLink`` exist.
 
@@ -34,8 +34,8 @@ import time
 import uuid
 from typing import Callable, Optional, Sequence
 
-from .. import security
-from .transport import READ_AHEAD_MESSAGE_COST, Link, LinkBusy, LinkClosed, Transport
+from ..base import security
+from ..plugins.transport import READ_AHEAD_MESSAGE_COST, Link, LinkBusy, LinkClosed, Transport
 
 LOCAL_ENV = "RLINF_CPU_LOCAL"
 #: buffers at least this large go through shared memory (same host only)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 import os
 
-from .plugins import AcceleratorPlugin, hookimpl
+from . import AcceleratorPlugin, hookimpl
 
 
 def _listed(var: str):

@@ -1,7 +1,7 @@
 """The launcher interface: what a backend must do to run worker groups.
 
 A launcher starts one process per worker, wherever the placement says,
-hosts a ``rlinf.scheduler.host.WorkerHost`` in it, forwards method calls to
+hosts a ``rlinf.scheduler.runtime.host.WorkerHost`` in it, forwards method calls to
 that host, notices when a process dies, and keeps a cluster-wide registry of
 groups so that any worker (or the driver) can find any other by name.
 Everything else (placement, environment variables, timing, error reports,
@@ -14,8 +14,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Sequence
 
-from .address import WorkerAddress
-from .info import WorkerInfo
+from ..base.address import WorkerAddress
+from ..base.info import WorkerInfo
 from .placement import NodeInfo, WorkerPlacement
 
 

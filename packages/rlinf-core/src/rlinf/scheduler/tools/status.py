@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Optional
 
-from . import status_server
+from ..runtime import status_server
 
 #: seconds the whole command may take by default
 DEFAULT_TIMEOUT = 5.0
@@ -41,7 +41,7 @@ class NothingRunning(RuntimeError):
 
 
 def _find(timeout: float, launcher: Optional[str]) -> dict:
-    from .plugins import get_registry
+    from ..plugins import get_registry
 
     registry = get_registry()
     entries = [registry.launcher(launcher)] if launcher else sorted(

@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass, fields
 from typing import Optional
 
-from .. import config
+from ..base import config
 
 log = logging.getLogger("rlinf.p2p")
 
@@ -101,7 +101,7 @@ def link_options(options: Optional[CollectiveGroupOptions], entry) -> dict:
 
 
 def _who_can(fields) -> str:
-    from ..plugins import get_registry
+    from . import get_registry
 
     names = sorted(e.name for e in get_registry().provided["transport"].values()
                    if set(fields) <= honoured(e.descriptor))

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from . import calls, context, security
+from ..base import calls, context, security
 
 _log = logging.getLogger("rlinf.status")
 _LEN = struct.Struct("<I")

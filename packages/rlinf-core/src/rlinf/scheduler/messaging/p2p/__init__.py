@@ -1,0 +1,1 @@
+"""Point-to-point communication between any two workers: communicator, API, broadcast, endpoints."""

@@ -1,1 +1,0 @@
-"""Point-to-point communication between any two workers."""
