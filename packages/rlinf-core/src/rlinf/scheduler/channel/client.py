@@ -29,6 +29,15 @@ moving either way) is declared dead (the link is closed, so
 every waiting operation raises ``PeerDiedError``).  A client acknowledges an
 item once it hands it to its user, and cancels a request it gives up, so the
 host can put an item that never reached a user back into its queue.
+
+A put that the host takes is *committed* (a one-way ``commit``) before its
+caller, or its asynchronous work, is told it succeeded; until then no
+consumer sees the item.  Every way a put can fail for its caller after the
+host took it (an interrupt, a timeout, the connection lost or its host
+declared dead, a commit that cannot be sent) leaves it uncommitted, and the
+host drops it on the cancel or on the loss of the connection: a put whose
+caller got an error is never delivered, by any path (nothing is resent, and
+a new connection starts with nothing of the old one).
 """
 
 from __future__ import annotations
@@ -43,8 +52,8 @@ import time
 import uuid
 from typing import Optional
 
-from ..errors import CommunicationError, PeerDiedError
-from ..p2p.transport import Link, LinkBusy
+from ..base.errors import CommTimeoutError, CommunicationError, PeerDiedError
+from ..plugins.transport import Link, LinkBusy
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
 
 #: seconds a client waits beyond an operation's own timeout for the host's reply
@@ -60,6 +69,12 @@ class SendTimeout(TimeoutError):
     def __init__(self, message: str, busy: bool = False):
         super().__init__(message)
         self.busy = busy
+
+
+class _Reply(concurrent.futures.Future):
+    """The future of a request's reply; ``put_id`` is the request id of a put (which must be committed)."""
+
+    put_id: Optional[int] = None
 
 
 class ChannelClient:
@@ -110,7 +125,7 @@ class ChannelClient:
                                      f"(it offers {sorted(record.endpoints)})", peer=host_name)
         transport = _client_transport(entry)
         hello = json.dumps({"service": "channel", "channel": channel, "client": f"{os.getpid()}-{uuid.uuid4().hex[:6]}"})
-        from ..p2p.communicator import Communicator
+        from ..messaging.p2p.communicator import Communicator
 
         link = Communicator._connect(transport, endpoint, hello.encode(), time.monotonic() + send_timeout())
         return cls(channel, host_name, link)
@@ -170,6 +185,11 @@ class ChannelClient:
             with self._lock:
                 fut = self._pending.pop(rid, None)
             if fut is not None and not fut.done():
+                try:
+                    self._commit_if_put(fut, ctrl)
+                except Exception as exc:
+                    fut.set_exception(exc)
+                    continue
                 self._handing_since = time.monotonic()
                 try:
                     fut.set_result((ctrl, frames))  # runs its callbacks
@@ -246,9 +266,10 @@ class ChannelClient:
                 raise concurrent.futures.TimeoutError()
             if not self._claim():  # another thread reads; it may stop before our reply (a callback's call)
                 try:
-                    return fut.result(min(left, 0.5))
+                    fut.result(min(left, 0.5))
                 except concurrent.futures.TimeoutError:
-                    continue
+                    pass
+                continue
             try:
                 while not fut.done():
                     left = deadline - time.monotonic()
@@ -261,7 +282,38 @@ class ChannelClient:
                         pass
             finally:
                 self._release()
-        return fut.result(0)
+        reply = fut.result(0)
+        self._commit_if_put(fut, reply[0])  # an interrupt before this leaves it to the caller's cancel
+        return reply
+
+    def _commit_if_put(self, fut: concurrent.futures.Future, ctrl: dict) -> None:
+        """Commit a put the host took, before its caller hears that it succeeded (see the module docstring).
+
+        Raises, with the put left uncommitted (the host drops it), if the
+        commit cannot be sent: ``PeerDiedError`` (the connection is lost) or
+        ``CommTimeoutError`` (another send held the connection for the send
+        timeout; the put is cancelled)."""
+        rid = getattr(fut, "put_id", None)
+        if rid is None or ctrl.get("error"):
+            return
+        if self._dead:
+            raise PeerDiedError(self._dead, peer=self.host)
+        try:
+            self._send([pack({"id": 0, "op": "commit", "ids": [rid]})], self._send_timeout)
+        except TimeoutError:
+            if not self._link.is_open():
+                raise PeerDiedError(self._dead or f"{self._connection()} was lost", peer=self.host) from None
+            self.cancel(rid)  # nothing of the commit was sent; queued if it cannot go now
+            raise CommTimeoutError(f"the put on channel {self.channel!r} was taken, but another send held the "
+                                   f"connection for {self._send_timeout:g} s and it could not be committed; "
+                                   f"it was withdrawn", peer=self.host) from None
+        except BaseException as exc:
+            # a commit broken midway (or interrupted) leaves the stream unusable: give the connection up
+            reason = f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}"
+            self.fail(reason)
+            if isinstance(exc, Exception):
+                raise PeerDiedError(reason, peer=self.host) from None
+            raise
 
     def _heartbeat(self) -> None:
         next_beat = time.monotonic()
@@ -346,11 +398,13 @@ class ChannelClient:
         future must then get no callbacks: whichever thread reads sets it."""
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
         self._send_abandoned(limit)  # before this request, so an item put back keeps its place ahead of it
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut = _Reply()
         with self._lock:
             if self._dead:
                 raise PeerDiedError(self._dead, peer=self.host)
             rid = next(self._ids)
+            if ctrl.get("op") == "put":
+                fut.put_id = rid
             self._pending[rid] = fut
             if blocking:
                 self._blocking.add(rid)
@@ -360,7 +414,13 @@ class ChannelClient:
             ctrl["acks"] = acks
         try:
             self._send([pack(ctrl), *frames], limit)
-        except Exception as exc:
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # interrupted: part of the message, or all of it, may have gone
+                with self._lock:
+                    self._pending.pop(rid, None)
+                    self._blocking.discard(rid)
+                self.fail(f"{self._connection()} was given up: {type(exc).__name__} interrupted a send on it")
+                raise
             with self._lock:
                 self._pending.pop(rid, None)
                 self._blocking.discard(rid)

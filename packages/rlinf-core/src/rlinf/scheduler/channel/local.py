@@ -5,6 +5,12 @@ RLinf's local channel: the same operations and rules as a hosted channel
 ``async_op``, timeouts) on an in-process queue, for threads and coroutines
 of one process.  Items are handed over as they are (no copy, no encoding).
 It cannot be passed to another process: pickling it raises ``TypeError``.
+
+As on a hosted channel, a put whose caller got an error did not happen: a
+blocking put that waited for room and is then interrupted (or times out) is
+withdrawn, even if room was made for it just before.  Its item holds that
+place unseen until its caller is about to return (as a hosted channel's
+item waits for its producer's commit).
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .. import config
-from ..errors import CommTimeoutError
+from ..base import config
+from ..base.errors import CommTimeoutError
 from .keys import key_token, show_key
 from .server import ChannelServer
 
@@ -26,7 +32,8 @@ from .server import ChannelServer
 class _Queue:
     items: collections.deque = field(default_factory=collections.deque)  # (item, weight)
     getters: collections.deque = field(default_factory=collections.deque)  # (future, target or None)
-    putters: collections.deque = field(default_factory=collections.deque)  # (future, item, weight)
+    putters: collections.deque = field(default_factory=collections.deque)  # (future, item, weight, blocking)
+    held: int = 0  # places given to blocking puts whose callers have not returned yet (their items unseen)
 
 
 class LocalChannel:
@@ -53,7 +60,7 @@ class LocalChannel:
     def _finish(self, fut: concurrent.futures.Future, waiters: collections.deque, entry, async_op: bool,
                 timeout: Optional[float], what: str):
         """Return the result (sync) or an AsyncWork; a wait that times out withdraws its request first."""
-        from ..p2p.async_work import AsyncWork
+        from ..transports.async_work import AsyncWork
 
         def expire():
             with self._lock:
@@ -84,11 +91,14 @@ class LocalChannel:
         progressed = True
         while progressed:
             progressed = False
-            while q.putters and (not self._maxsize or len(q.items) < self._maxsize):
-                fut, item, weight = q.putters.popleft()
-                q.items.append((item, weight))
+            while q.putters and self._has_room(q):
+                fut, item, weight, blocking = q.putters.popleft()
+                if blocking:
+                    q.held += 1  # seen once its caller returns (_commit), dropped if it raises (_withdraw)
+                else:
+                    q.items.append((item, weight))
+                    progressed = True
                 fut.set_result(None)
-                progressed = True
             for entry in list(q.getters):
                 if not q.items:
                     break
@@ -104,8 +114,28 @@ class LocalChannel:
                         q.getters.remove(entry)
                         fut.set_result([item for item, _ in batch])
                         progressed = True
-        if not q.items and not q.getters and not q.putters:
+        if not q.items and not q.getters and not q.putters and not q.held:
             del self._queues[token]
+
+    def _has_room(self, q: _Queue) -> bool:
+        return not self._maxsize or len(q.items) + q.held < self._maxsize
+
+    def _commit(self, token: str, q: _Queue, item: Any, weight: float) -> None:
+        """A blocking put served while it waited returns: its item joins the queue."""
+        with self._lock:
+            q.held -= 1
+            q.items.append((item, weight))
+            self._progress(token)
+
+    def _withdraw(self, token: str, q: _Queue, entry, fut: concurrent.futures.Future) -> None:
+        """A blocking put raised (interrupted, timed out): take it back, whether it waits or was served."""
+        with self._lock:
+            try:
+                q.putters.remove(entry)
+            except ValueError:  # served, or expired
+                if fut.done() and fut.exception() is None:
+                    q.held -= 1  # served: the place it held is free again
+            self._progress(token)
 
     # -- operations -------------------------------------------------------------
     def put(self, item: Any, weight: float = 0, key: Any = "default_queue", async_op: bool = False,
@@ -115,21 +145,29 @@ class LocalChannel:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             q = self._queues.setdefault(token, _Queue())
-            if not self._maxsize or len(q.items) < self._maxsize and not q.putters:
+            if self._has_room(q) and not q.putters:
                 q.items.append((item, float(weight)))
                 fut.set_result(None)
                 entry = None
             else:
-                entry = (fut, item, float(weight))
+                entry = (fut, item, float(weight), not async_op)
                 q.putters.append(entry)
             self._progress(token)
-        return self._finish(fut, q.putters, entry, async_op, timeout, f"put on channel {self._name!r} key {show_key(token)}")
+        what = f"put on channel {self._name!r} key {show_key(token)}"
+        if async_op or entry is None:
+            return self._finish(fut, q.putters, entry, async_op, timeout, what)
+        try:
+            self._finish(fut, q.putters, entry, async_op, timeout, what)
+        except BaseException:
+            self._withdraw(token, q, entry, fut)
+            raise
+        self._commit(token, q, item, float(weight))
 
     def put_nowait(self, item: Any, weight: float = 0, key: Any = "default_queue") -> None:
         token = key_token(key)
         with self._lock:
             q = self._queues.setdefault(token, _Queue())
-            if self._maxsize and (len(q.items) >= self._maxsize or q.putters):
+            if not self._has_room(q) or q.putters:
                 raise asyncio.QueueFull(f"channel {self._name!r} key {show_key(token)} is full ({self._maxsize} items)")
             q.items.append((item, float(weight)))
             self._progress(token)
@@ -178,4 +216,6 @@ class LocalChannel:
         return self.qsize(key) == 0
 
     def full(self, key: Any = "default_queue") -> bool:
-        return bool(self._maxsize) and self.qsize(key) >= self._maxsize
+        with self._lock:
+            q = self._queues.get(key_token(key))
+            return q is not None and not self._has_room(q)

@@ -10,16 +10,21 @@ Operations with a reply: ``put``, ``get``, ``get_batch``, ``qsize``, ``full``,
 ``ping`` (answered by a ``pong`` with id 0), ``bye`` (sent before a client
 closes its connection, so that the host has read its last acks).  One-way: ``ack`` (``ids``: the
 client handed those replies' items to its user, the host may forget them;
-acks also ride on any request as ``acks``)
-and ``cancel`` (``target``: the request was given up; a parked request is
-dropped, an item already sent for it goes back to the head of its queue).
+acks also ride on any request as ``acks``),
+``commit`` (``ids``: puts the host answered as taken, whose callers the client
+is telling they succeeded: only now do their items reach consumers; a put
+taken and never committed is dropped on a cancel or when the connection
+ends, so a put whose caller got an error never happened)
+and ``cancel`` (``target``: the request was given up; a parked request or an
+uncommitted put is dropped, an item already sent for it goes back to the head
+of its queue).
 """
 
 from __future__ import annotations
 
 import json
 
-from .. import config
+from ..base import config
 
 #: seconds one send of the host (or of a client's request) may take, plus one per
 #: ``SEND_RATE_FLOOR`` bytes it carries; a client that does not read the host's

@@ -32,6 +32,13 @@ Nothing is lost and nothing hangs:
 
 * the host owns (copies) every item it keeps, so a producer's shared memory
   is never pinned by a queued, parked or in-flight item;
+* a put's item reaches consumers only once its producer commits it: the host
+  answers a put it takes, and the client commits the item when it hands that
+  answer to its caller.  Until then the item holds a place in the queue (it
+  counts toward ``maxsize``) but no consumer sees it, and a cancel or the loss
+  of the connection drops it, as it drops a parked put: a put whose caller was
+  told it failed (interrupted, timed out, its host declared dead) never
+  happened, whatever the host had done with it;
 * an item sent to a consumer stays *in flight* on its connection until the
   client acknowledges handing it to its user; a cancelled request, or a
   connection that goes away, puts its in-flight items back at the head of
@@ -63,8 +70,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .. import config
-from ..p2p.transport import Link
+from ..base import config
+from ..plugins.transport import Link
 from .keys import show_key
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
 
@@ -95,6 +102,7 @@ class _Queue:
     items: collections.deque = field(default_factory=collections.deque)  # (frames, weight)
     getters: collections.deque = field(default_factory=collections.deque)
     putters: collections.deque = field(default_factory=collections.deque)
+    uncommitted: int = 0  # items taken from puts whose producers have not committed them yet
 
 
 #: the deadline heap is compacted when it reaches this size (and then twice what was left)
@@ -179,6 +187,8 @@ class _Conn:
         self.inflight: dict[int, tuple[str, list]] = {}
         #: request id -> its parked waiter
         self.parked: dict[int, _Waiter] = {}
+        #: request id -> (key, (frames, weight)): puts answered, not yet committed by the client
+        self.uncommitted: dict[int, tuple[str, tuple]] = {}
         self.lock = threading.Lock()
         self.outbox: collections.deque = collections.deque()  # (control, frames), in order
         self.scheduled = False  # a sender owns the outbox, or the loop waits for the socket to drain
@@ -295,9 +305,11 @@ class ChannelServer:
         self._again.add(conn)  # more may sit in the link's buffer, where the selector cannot see it
 
     def _lost(self, conn: _Conn) -> None:
-        """Forget a departed (or dropped) client: close its link, drop its parked gets, put its items back."""
+        """Forget a departed (or dropped) client: close its link, drop its parked requests and the puts
+        it did not commit (their callers were told they failed), put the items sent to it back."""
         if conn not in self._conns:
             return
+        self._read_commits(conn)
         self._conns.discard(conn)
         self._again.discard(conn)
         conn.alive = False
@@ -320,11 +332,13 @@ class ChannelServer:
                 continue
             if w.op == "put":
                 q.putters.remove(w)
-                q.items.append((w.frames, w.weight))  # a parked put from a vanished client is still the user's data
+                self._blocks.give_back(w.frames)  # its caller was told it failed (or is gone): it did not happen
             else:
                 q.getters.remove(w)
             touched.add(w.key)
         conn.parked.clear()
+        for rid in list(conn.uncommitted):
+            touched.add(self._drop_uncommitted(conn, rid))
         inflight, conn.inflight = conn.inflight, {}
         for rid in sorted(inflight, reverse=True):  # newest first: the oldest ends up at the head
             key, items = inflight[rid]
@@ -332,6 +346,59 @@ class ChannelServer:
             touched.add(key)
         for key in touched:
             self._progress(key)
+
+    def _read_commits(self, conn: _Conn) -> None:
+        """Apply the commits and acks a dropped client sent before it went (whole messages already
+        here, on links the loop reads): a put its caller was told succeeded is not dropped with it."""
+        if conn.fd is None:
+            return  # its reader thread hands over, in order, whatever arrived before the link failed
+        for _ in range(1024):  # bounded: a client does not send more than this after its last reply
+            try:
+                msg = conn.link.recv_nowait()
+                if msg is None:
+                    return
+                ctrl = control(msg[1][0])
+            except Exception:
+                return
+            if ctrl.get("op") == "commit":
+                self._commit(conn, ctrl.get("ids", ()))
+            elif ctrl.get("op") == "ack":
+                self._acked(conn, ctrl.get("ids", ()))
+
+    def _acked(self, conn: _Conn, ids) -> None:
+        for i in ids:
+            entry = conn.inflight.pop(i, None)
+            if entry is not None:
+                for frames, _ in entry[1]:
+                    self._blocks.give_back(frames)
+
+    def _take(self, conn: _Conn, rid: int, key: str, q: _Queue, item: list, weight: float) -> None:
+        """Take a put: its item holds a place in ``key``'s queue, seen by consumers once committed."""
+        q.uncommitted += 1
+        conn.uncommitted[rid] = (key, (item, weight))
+        self._reply(conn, {"id": rid})
+
+    def _commit(self, conn: _Conn, ids) -> None:
+        """The client told the callers of these puts that they succeeded: their items join their queues."""
+        for i in ids:
+            entry = conn.uncommitted.pop(i, None)
+            if entry is None:
+                continue  # cancelled before (its caller was told it failed), or never taken
+            key, item = entry
+            q = self._queues[key]
+            q.uncommitted -= 1
+            q.items.append(item)
+            self._progress(key)
+
+    def _drop_uncommitted(self, conn: _Conn, rid: int) -> str:
+        """Drop a put taken but not committed (its caller was told it failed); its key, to progress."""
+        key, (frames, _) = conn.uncommitted.pop(rid)
+        self._queues[key].uncommitted -= 1
+        self._blocks.give_back(frames)
+        return key
+
+    def _has_room(self, q: _Queue) -> bool:
+        return not self.maxsize or len(q.items) + q.uncommitted < self.maxsize
 
     def _requeue(self, key: str, items: list) -> None:
         """Put items that left but were not taken back at the head of ``key``'s queue."""
@@ -490,13 +557,11 @@ class ChannelServer:
         op, rid = ctrl["op"], ctrl.get("id", 0)
         acks = ctrl.get("ids") if op == "ack" else ctrl.get("acks")
         if acks:
-            for i in acks:
-                entry = conn.inflight.pop(i, None)
-                if entry is not None:
-                    for frames, _ in entry[1]:
-                        self._blocks.give_back(frames)
+            self._acked(conn, acks)
         if op == "ack":
             return
+        if op == "commit":
+            return self._commit(conn, ctrl.get("ids", ()))
         if op == "ping":
             return self._reply(conn, {"id": 0, "op": "pong"})
         if op == "bye":  # the client closes once answered: everything it sent before has been handled
@@ -508,7 +573,7 @@ class ChannelServer:
         if op == "qsize":
             return self._reply(conn, {"id": rid, "value": len(q.items) if q else 0})
         if op == "full":
-            return self._reply(conn, {"id": rid, "value": bool(self.maxsize) and q is not None and len(q.items) >= self.maxsize})
+            return self._reply(conn, {"id": rid, "value": q is not None and not self._has_room(q)})
         if op == "cancel":
             key = self._cancel(conn, ctrl["target"])
             if key is not None:
@@ -518,9 +583,8 @@ class ChannelServer:
             item = _own(item, self._blocks)  # never pins the producer's memory
             q = q or self._queues.setdefault(key, _Queue())
             weight = float(ctrl.get("weight", 0))
-            if not self.maxsize or len(q.items) < self.maxsize and not q.putters:
-                q.items.append((item, weight))
-                self._reply(conn, {"id": rid})
+            if self._has_room(q) and not q.putters:
+                self._take(conn, rid, key, q, item, weight)
             elif ctrl.get("nowait"):
                 self._blocks.give_back(item)
                 return self._reply(conn, {"id": rid, "error": "QueueFull",
@@ -582,12 +646,10 @@ class ChannelServer:
         progressed = True
         while progressed:
             progressed = False
-            while q.putters and (not self.maxsize or len(q.items) < self.maxsize):
+            while q.putters and self._has_room(q):
                 w = q.putters[0]
                 self._unpark(q.putters, w)
-                q.items.append((w.frames, w.weight))
-                self._reply(w.conn, {"id": w.rid})
-                progressed = True
+                self._take(w.conn, w.rid, key, q, w.frames, w.weight)
             for w in list(q.getters):
                 if not q.items:
                     break
@@ -629,15 +691,18 @@ class ChannelServer:
 
     def _maybe_forget(self, key: str) -> None:
         q = self._queues.get(key)
-        if q is not None and not q.items and not q.getters and not q.putters:
+        if q is not None and not q.items and not q.getters and not q.putters and not q.uncommitted:
             del self._queues[key]
 
     def _cancel(self, conn: _Conn, target: int) -> Optional[str]:
-        """Drop a parked request of ``conn``, or put back the items already sent for it; the key to progress."""
+        """Drop a parked request of ``conn`` or a put it did not commit, or put back the items already
+        sent for it; the key to progress."""
         entry = conn.inflight.pop(target, None)
         if entry is not None:
             self._requeue(*entry)
             return entry[0]
+        if target in conn.uncommitted:  # its caller was told it failed: it did not happen
+            return self._drop_uncommitted(conn, target)
         w = conn.parked.get(target)
         if w is None:
             return None
@@ -666,13 +731,15 @@ class ChannelServer:
         ``keys``/``items``/``clients``/``in_flight`` count keys with state, queued
         items, connected clients and replies not yet acknowledged; ``queues``
         maps each key (as ``show_key`` writes it) to its ``items``, parked
-        ``getters`` and parked ``putters``.  Call it on the loop (``stats``
+        ``getters`` and parked ``putters``, and ``uncommitted`` puts (taken, not
+        yet committed by their producers: they hold places, unseen).  Call it on the loop (``stats``
         does); a request handler may call it directly.
         """
         out = {"keys": len(self._queues), "items": sum(len(q.items) for q in self._queues.values()),
                "clients": len(self._conns), "in_flight": sum(len(c.inflight) for c in self._conns)}
         if detail:
-            out["queues"] = {show_key(k): {"items": len(q.items), "getters": len(q.getters), "putters": len(q.putters)}
+            out["queues"] = {show_key(k): {"items": len(q.items), "getters": len(q.getters), "putters": len(q.putters),
+                                           "uncommitted": q.uncommitted}
                              for k, q in self._queues.items()}
         return out
 

@@ -1,0 +1,196 @@
+"""A channel put whose caller got an error did not happen: on a real local Ray, with real processes.
+
+A producer process parks a put on a full channel (``maxsize=1``) and its
+caller then gets an error: it is interrupted (Ctrl-C), its process is killed,
+or its heartbeat declares the (stopped, merely slow) host dead.  Whether the
+host had already taken the item or not, the consumer must see only the first
+item, and the host must never hold more than ``maxsize`` items.  The local
+(in-process) channel keeps the same rule.
+
+The producer is this file run as a program (``python test_channel_trust.py
+RECORD NAME``): it connects to the channel's host with the cluster secret it
+inherits, puts ``item-2`` and prints how the put ended.
+"""
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+from rlinf.scheduler import Channel, CommTimeoutError
+from rlinf.scheduler.channel.channel import _hosts
+
+from launcher_marks import survives_worker_death
+
+
+def _stats(name):
+    return _hosts[name].stats(True).wait()[0]
+
+
+def _wait_for(predicate, limit, what):
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not within {limit} s")
+
+
+class _Producer:
+    """The producer program, started with the channel host's record; reads its output lines."""
+
+    def __init__(self, cluster, name, env=None):
+        record = cluster.session.lookup_group("Channel." + name)
+        fd, self.record_file = tempfile.mkstemp(prefix="rlt-record")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(record.workers[0], f)
+        self.proc = subprocess.Popen([sys.executable, __file__, self.record_file, name], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+        self.lines: list = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+
+    def wait_line(self, prefix, limit):
+        _wait_for(lambda: any(l.startswith(prefix) for l in self.lines), limit, f"{prefix!r} from the producer ({self.lines})")
+
+    def finish(self):
+        try:
+            self.proc.wait(timeout=20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            os.unlink(self.record_file)
+        return self.lines
+
+
+def _parked(cluster, name, env=None):
+    """A channel of ``maxsize=1`` holding item-1, and a producer process whose put of item-2 is parked."""
+    ch = Channel.create(name, maxsize=1)
+    ch.put("item-1", timeout=10)
+    producer = _Producer(cluster, name, env)
+    producer.wait_line("READY", 30)
+    _wait_for(lambda: _stats(name)["queues"].get("'default_queue'", {}).get("putters") == 1, 20, "the put parked")
+    return ch, producer
+
+
+def _only_item_1(ch, name):
+    """The producer has gone: the host holds item-1 alone, and a consumer gets item-1 and nothing else."""
+    _wait_for(lambda: _stats(name)["clients"] == 1, 20, "the producer's connection released")
+    assert _stats(name)["items"] == 1  # never past maxsize
+    assert ch.get(timeout=10) == "item-1"
+    with pytest.raises(CommTimeoutError):
+        ch.get(timeout=1.0)
+    assert _stats(name)["items"] == 0
+
+
+@survives_worker_death
+def test_an_interrupted_parked_put_is_not_delivered(cluster):
+    """Ctrl-C during a parked put gives the connection up before any cancel goes out: the host drops the put."""
+    ch, producer = _parked(cluster, "trust_interrupt")
+    os.kill(producer.proc.pid, signal.SIGINT)
+    assert producer.finish()[-1] == "INTERRUPTED"
+    _only_item_1(ch, "trust_interrupt")
+
+
+@survives_worker_death
+def test_a_killed_producer_s_parked_put_is_not_delivered(cluster):
+    """A producer killed while its put is parked never saw it succeed: the host drops it."""
+    ch, producer = _parked(cluster, "trust_killed")
+    producer.proc.kill()
+    producer.finish()
+    _only_item_1(ch, "trust_killed")
+
+
+@survives_worker_death
+def test_a_put_taken_while_its_producer_could_not_hear_is_not_delivered(cluster):
+    """The host takes the parked item (a consumer made room) while the producer is stopped; the producer is
+    then interrupted before it reads the host's answer: its caller gets the interrupt, so the item must
+    never reach a consumer."""
+    ch, producer = _parked(cluster, "trust_unheard")
+    pid = producer.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert ch.get(timeout=10) == "item-1"  # the host now takes item-2 and answers the stopped producer
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGINT)  # handled the moment it runs again, before it reads that answer
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert producer.finish()[-1] == "INTERRUPTED"
+    _wait_for(lambda: _stats("trust_unheard")["clients"] == 1, 20, "the producer's connection released")
+    with pytest.raises(CommTimeoutError):
+        ch.get(timeout=1.0)
+    assert _stats("trust_unheard")["items"] == 0
+
+
+@survives_worker_death
+def test_a_put_whose_host_was_declared_dead_is_not_delivered(cluster):
+    """A host that stops for a while is declared dead by the producer's heartbeat (0.5 s beats): the put
+    raises ``PeerDiedError``, and the host, once it runs again, must not deliver it."""
+    ch, producer = _parked(cluster, "trust_slow_host", {"RLINF_CHANNEL_HEARTBEAT": "0.5"})
+    host = cluster.session.lookup_group("Channel.trust_slow_host").workers[0].info.pid
+    os.kill(host, signal.SIGSTOP)
+    try:
+        producer.wait_line("FAILED PeerDiedError", 20)
+    finally:
+        os.kill(host, signal.SIGCONT)
+    producer.finish()
+    _only_item_1(ch, "trust_slow_host")
+
+
+def test_an_interrupted_parked_put_on_a_local_channel_is_not_delivered():
+    """The in-process channel: a put parked on a full queue and interrupted is withdrawn."""
+    import asyncio
+
+    ch = Channel.create("trust_local", maxsize=1, local=True)
+    ch.put("item-1", timeout=5)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            ch.put("item-2", timeout=10)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert ch.qsize() == 1
+    assert ch.get(timeout=5) == "item-1"
+    with pytest.raises(asyncio.QueueEmpty):
+        ch.get_nowait()
+
+
+def _produce(record_file, name):
+    """The producer program: put item-2 on channel ``name`` through this process's own connection."""
+    from rlinf.scheduler.channel import channel as channel_module
+    from rlinf.scheduler.channel.client import ChannelClient
+
+    with open(record_file, "rb") as f:
+        record = pickle.load(f)
+    # the connection Channel would open, made from the record (this process is no driver of the cluster)
+    channel_module._clients[(name, 0)] = ChannelClient.connect(name, f"Channel.{name}:0", record)
+    channel_module._replica_counts[name] = 1
+    ch = Channel(name, 1)
+    print("READY", flush=True)
+    try:
+        ch.put("item-2", timeout=30)
+        print("PUT OK", flush=True)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+    except Exception as exc:
+        print("FAILED", type(exc).__name__, exc, flush=True)
+
+
+if __name__ == "__main__":
+    _produce(sys.argv[1], sys.argv[2])
