@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlinf.scheduler import Channel, NodePlacementStrategy
-from rlinf.scheduler.channel.keys import key_token, replica_of
+from rlinf.scheduler.messaging.channel.keys import key_token, replica_of
 
 from p2p_helpers import Peer, run_on
 

@@ -14,8 +14,8 @@ import pytest
 
 from rlinf.scheduler import Channel, NodePlacementStrategy
 from rlinf.scheduler.channel.channel import _hosts
-from rlinf.scheduler.channel.client import ChannelClient, _client_transport
-from rlinf.scheduler.channel.protocol import pack
+from rlinf.scheduler.messaging.channel.client import ChannelClient, _client_transport
+from rlinf.scheduler.messaging.channel.protocol import pack
 from rlinf.scheduler.plugins import get_registry
 
 from p2p_helpers import Peer, run_on

@@ -17,7 +17,7 @@ import torch
 
 from rlinf.scheduler import Channel, CommTimeoutError, NodePlacementStrategy, PeerDiedError
 from rlinf.scheduler.channel.channel import _hosts
-from rlinf.scheduler.channel.client import ChannelClient
+from rlinf.scheduler.messaging.channel.client import ChannelClient
 
 from launcher_marks import survives_worker_death
 from p2p_helpers import Peer, run_on

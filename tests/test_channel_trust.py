@@ -174,7 +174,7 @@ def test_an_interrupted_parked_put_on_a_local_channel_is_not_delivered():
 def _produce(record_file, name):
     """The producer program: put item-2 on channel ``name`` through this process's own connection."""
     from rlinf.scheduler.channel import channel as channel_module
-    from rlinf.scheduler.channel.client import ChannelClient
+    from rlinf.scheduler.messaging.channel.client import ChannelClient
 
     with open(record_file, "rb") as f:
         record = pickle.load(f)

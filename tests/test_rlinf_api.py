@@ -39,9 +39,9 @@ def groups():
 def test_import_paths_resolve_to_the_same_objects():
     import rlinf.scheduler as sched
     from rlinf.scheduler.channel.channel import Channel
-    from rlinf.scheduler.runtime.cluster import Cluster
+    from rlinf.scheduler.cluster import Cluster
     from rlinf.scheduler.collective import CollectiveGroupOptions as Options
-    from rlinf.scheduler.plugins.placement import FlexiblePlacementStrategy, PackedPlacementStrategy
+    from rlinf.scheduler.placement import FlexiblePlacementStrategy, PackedPlacementStrategy
     from rlinf.scheduler.worker import Worker as PkgWorker
     from rlinf.scheduler.worker import WorkerGroup as PkgGroup
     from rlinf.scheduler.worker.worker import Worker as ModWorker

@@ -26,9 +26,9 @@ from ..base.errors import CommTimeoutError, CommunicationError, GroupNameError, 
 from ..base.hooks import hook
 from ..worker import Worker
 from ..worker.worker import provide_channels
-from .keys import key_token, replica_of, show_key
-from .client import REPLY_GRACE, ChannelClient, SendTimeout
-from .protocol import send_timeout as _send_timeout
+from ..messaging.channel.keys import key_token, replica_of, show_key
+from ..messaging.channel.client import REPLY_GRACE, ChannelClient, SendTimeout
+from ..messaging.channel.protocol import send_timeout as _send_timeout
 
 DEFAULT_KEY = "default_queue"
 _GROUP_PREFIX = "Channel."
@@ -45,7 +45,7 @@ class ChannelHostWorker(Worker):
         super().__init__()
         from ..runtime import status_server
         from ..messaging.p2p.communicator import local_communicator
-        from .server import ChannelServer
+        from ..messaging.channel.server import ChannelServer
 
         self._server = ChannelServer(channel_name, maxsize)
         local_communicator(create=True).add_service("channel", self._server.on_connect)
@@ -112,7 +112,7 @@ class Channel:
         if local and distributed:
             raise ValueError("a channel cannot be both local=True and distributed=True")
         if local:
-            from .local import LocalChannel
+            from ..messaging.channel.local import LocalChannel
 
             with _lock:
                 if name not in _local:

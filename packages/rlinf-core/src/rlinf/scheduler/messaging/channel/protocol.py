@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from ..base import config
+from ...base import config
 
 #: seconds one send of the host (or of a client's request) may take, plus one per
 #: ``SEND_RATE_FLOOR`` bytes it carries; a client that does not read the host's

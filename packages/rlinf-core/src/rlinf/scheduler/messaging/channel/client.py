@@ -52,8 +52,8 @@ import time
 import uuid
 from typing import Optional
 
-from ..base.errors import CommTimeoutError, CommunicationError, PeerDiedError
-from ..plugins.transport import Link, LinkBusy
+from ...base.errors import CommTimeoutError, CommunicationError, PeerDiedError
+from ...plugins.transport import Link, LinkBusy
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
 
 #: seconds a client waits beyond an operation's own timeout for the host's reply
@@ -113,7 +113,7 @@ class ChannelClient:
 
     @classmethod
     def connect(cls, channel: str, host_name: str, record) -> "ChannelClient":
-        from ..plugins import get_registry
+        from ...plugins import get_registry
 
         registry = get_registry()
         entry = registry.transport(None, "cpu")  # this process's default, if the host offers it
@@ -125,7 +125,7 @@ class ChannelClient:
                                      f"(it offers {sorted(record.endpoints)})", peer=host_name)
         transport = _client_transport(entry)
         hello = json.dumps({"service": "channel", "channel": channel, "client": f"{os.getpid()}-{uuid.uuid4().hex[:6]}"})
-        from ..messaging.p2p.communicator import Communicator
+        from ..p2p.communicator import Communicator
 
         link = Communicator._connect(transport, endpoint, hello.encode(), time.monotonic() + send_timeout())
         return cls(channel, host_name, link)

@@ -70,8 +70,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..base import config
-from ..plugins.transport import Link
+from ...base import config
+from ...plugins.transport import Link
 from .keys import show_key
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
 

@@ -22,8 +22,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..base import config
-from ..base.errors import CommTimeoutError
+from ...base import config
+from ...base.errors import CommTimeoutError
 from .keys import key_token, show_key
 from .server import ChannelServer
 
@@ -60,7 +60,7 @@ class LocalChannel:
     def _finish(self, fut: concurrent.futures.Future, waiters: collections.deque, entry, async_op: bool,
                 timeout: Optional[float], what: str):
         """Return the result (sync) or an AsyncWork; a wait that times out withdraws its request first."""
-        from ..transports.async_work import AsyncWork
+        from ...transports.async_work import AsyncWork
 
         def expire():
             with self._lock:
