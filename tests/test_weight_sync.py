@@ -458,7 +458,7 @@ def _death_named(w, path, members, victim, group):
 
 
 def _lent_state():
-    from rlinf.scheduler.messaging.p2p.broadcast import _State
+    from rlinf.scheduler.messaging.p2p.broadcast_links import _State
 
     state = _State()
     seg = state.acquire_segment(1 << 20)
@@ -652,7 +652,7 @@ def test_parameters_on_shared_memory_are_readable_at_interpreter_exit(tmp_path):
 
 
 def test_chain_chunks_are_sized_so_the_pipeline_fill_is_an_eighth_of_a_transfer(monkeypatch):
-    from rlinf.scheduler.messaging.p2p.broadcast import CHUNK_ENV, _chunk_for
+    from rlinf.scheduler.messaging.p2p.broadcast_plan import CHUNK_ENV, _chunk_for
 
     monkeypatch.delenv(CHUNK_ENV, raising=False)
     mib = 1 << 20
