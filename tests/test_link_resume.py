@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rlinf.scheduler.transports.cpu_transport import SocketLink
+from rlinf.scheduler.transports.cpu_link import SocketLink
 
 A, B = b"a" * 3000, b"b" * 5000
 
