@@ -1,5 +1,7 @@
-"""Named FIFO channels between workers (see ``channel.channel``)."""
+"""Named FIFO channels between workers (see ``channel.channel``), and RLinf's ``ChannelWorker`` /
+``WeightedItem`` (see ``channel.channel_worker``)."""
 
 from .channel import Channel, create_channel_from_worker
+from .channel_worker import ChannelWorker, WeightedItem
 
-__all__ = ["Channel", "create_channel_from_worker"]
+__all__ = ["Channel", "ChannelWorker", "WeightedItem", "create_channel_from_worker"]
