@@ -163,6 +163,8 @@ def test_embedded_cluster_is_private_to_its_user_and_listens_on_loopback(shared_
         proc.stdin.write("done\n")
         proc.stdin.flush()
         assert proc.wait(60) == 0, proc.communicate(timeout=30)[1][-3000:]
+        # rlinf turns token auth on deliberately: Ray must not invite the user to turn it off
+        assert "RAY_AUTH_MODE=disabled" not in proc.stderr.read()
         print(f"embedded cluster up with a worker in {started:.1f} s; {len(info['listening'])} listeners, all loopback")
     finally:
         _stop(proc)

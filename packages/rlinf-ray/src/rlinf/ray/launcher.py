@@ -35,8 +35,6 @@ from rlinf.scheduler.plugins.placement import NodeInfo
 from . import embedded
 from .classes import share_class_tracker
 
-share_class_tracker()  # results and arguments keep the driver's classes
-
 #: fraction of a CPU each worker's bundle reserves (workers mostly wait)
 WORKER_CPU = 0.01
 NODE_LABEL = "ray.io/node-id"
@@ -51,8 +49,11 @@ def _prepare_environment(address: Optional[str]) -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not address and not os.environ.get("RAY_AUTH_MODE") and not os.environ.get("RAY_AUTH_TOKEN"):
-        # token auth without writing ~/.ray: the token lives in this process tree's environment
+        # token auth without writing ~/.ray: the token lives in this process tree's environment.  The mode
+        # is said explicitly, as Ray would set it itself: Ray then does not warn that it turned token auth
+        # on by default and invite the user to turn it off
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(24)
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _ray_resource(node: NodeInfo) -> str:
@@ -99,6 +100,9 @@ class RaySession(LauncherSession):
 
         from .registry import get_or_create_registry, get_registry
 
+        # results and arguments keep the driver's classes; done here, not at import: importing this module
+        # imports nothing of Ray, whose settings (RAY_AUTH_MODE) are read when it is imported
+        share_class_tracker()
         self._ray = ray
         self._owns_cluster = owns_cluster
         self.nodes_can_join = not owns_cluster  # an embedded cluster is this machine alone

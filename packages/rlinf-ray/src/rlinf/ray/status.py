@@ -26,7 +26,6 @@ from typing import Optional
 from rlinf.scheduler.tools.status_dir import process_mark, published, runs_here
 from rlinf.scheduler.tools.status_dir import PublishedFile
 
-from .registry import REGISTRY_ACTOR_NAME
 
 _file = PublishedFile("ray")
 
@@ -100,11 +99,15 @@ def running_groups(timeout: float) -> Optional[dict]:
                                f"there now: not sending it the cluster's token")
         if token:  # this cluster's own, never one the shell holds for another cluster
             os.environ["RAY_AUTH_TOKEN"] = token
+            os.environ["RAY_AUTH_MODE"] = "token"  # without it Ray's client ignores the token and is refused
     deadline = time.monotonic() + timeout
     if not _reachable(address, min(1.0, timeout)):
         raise RuntimeError(f"no Ray cluster answers at {'RAY_ADDRESS=' + address if shown == address else shown}")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Ray reads RAY_AUTH_MODE once, when it is imported: nothing of Ray is imported before this point
     import ray
+
+    from .registry import REGISTRY_ACTOR_NAME
 
     if not ray.is_initialized():
         try:
