@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-EXAMPLES = ["worker_group.py", "communication.py", "timing.py"]
+EXAMPLES = ["quickstart.py", "worker_group.py", "communication.py", "timing.py"]
 
 
 def main() -> int:

@@ -19,4 +19,15 @@ def test_examples_run():
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    assert "3 passed, 0 failed" in out.stdout
+    assert "4 passed, 0 failed" in out.stdout
+    # the quick start prints what the README says it prints
+    assert "['sent', {'lr': 0.1, 'from': 0}]" in out.stdout and "[(1, 0), (1, 1), (1, 2)]" in out.stdout
+
+
+def test_the_readme_quick_start_is_the_example_that_runs():
+    """A program written from the README alone is the one the demo runs, word for word."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    readme = open(os.path.join(here, "..", "README.md")).read()
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    example = open(os.path.join(here, "..", "examples", "quickstart.py")).read().split('"""', 2)[2].lstrip("\n")
+    assert block == example, "README's first python block and examples/quickstart.py differ"
