@@ -19,13 +19,16 @@ from __future__ import annotations
 import os
 import sys
 
-from . import collect, export, recorder, wrappers  # wrappers: registers what ``recorder.enable`` installs
+from . import collect, export, jsonl, recorder, spans, wrappers  # wrappers: registers what ``recorder.enable`` installs
 
 #: the file the driver writes at exit; set, it also makes every worker record from its start
 TRACE_ENV = "RLINF_TRACE"
 
 _exit_registered = False
 _exit_path = None  # the RLINF_TRACE file still to be written
+_exit_also: list = []  # more files written from the same events at exit (RLinf's ``cluster.tracer`` output)
+#: RLinf's default ``cluster.tracer.output_file``
+DEFAULT_JSONL = "trace_events.jsonl"
 #: the runtime above tells tracing, without being imported by it: the driver's session (or None),
 #: and whether a session was shut down (``provide_runtime``, called by ``cluster``)
 _driver_session = lambda: None  # noqa: E731
@@ -83,22 +86,61 @@ def on_worker_start() -> None:
         recorder.enable()
 
 
+def on_cluster_config(cluster, cfg) -> None:
+    """RLinf's ``cluster.tracer`` section of ``Cluster(cluster_cfg=...)``: with ``enable: true``, record in
+    the driver and every worker from now on and write ``output_file`` (default ``trace_events.jsonl``;
+    JSONL, or the JSON timeline if it ends in ``.json``) when the driver exits.
+
+    Raises ``ValueError`` for a section that is not a mapping or an ``enable`` that is not a bool, and what
+    ``check_path`` raises for an output file that cannot be written, before anything starts."""
+    global _exit_registered
+    section = (cfg or {}).get("tracer")
+    if section is None:
+        return
+    if not hasattr(section, "get"):
+        raise ValueError(f"cluster_cfg.tracer must be a mapping (enable, output_file), got {section!r}")
+    enable = section.get("enable", False)
+    if not isinstance(enable, bool):
+        raise ValueError(f"cluster_cfg.tracer.enable must be true or false, got {enable!r}")
+    if not enable:
+        return
+    path = os.path.abspath(check_path(section.get("output_file") or DEFAULT_JSONL))
+    if path in _exit_also or path == _exit_path:
+        return
+    collect.start_everywhere(cluster.session)
+    _exit_also.append(path)
+    if not _exit_registered:
+        import atexit
+
+        atexit.register(_write_at_exit, None)
+        _exit_registered = True
+
+
 def write_before_exit() -> None:
     """Write the ``RLINF_TRACE`` file now, if it is due at exit: for launchers that end their workers
     before the process's exit handlers run (an ``mpiexec`` job ends its ranks when the program returns)."""
-    if _exit_path is not None:
+    if _exit_path is not None or _exit_also:
         _write_at_exit(_exit_path)
 
 
-def _write_at_exit(path: str) -> None:
+def _write_at_exit(path) -> None:
     global _exit_path
-    if _exit_path is None:  # written already
+    paths = ([_exit_path] if _exit_path is not None else []) + _exit_also
+    if not paths:  # written already
         return
     _exit_path = None
+    _exit_also.clear()
     try:
-        write_snapshot(_driver_session(), path, drain=True)
+        dumps, notes = collect.snapshot(_driver_session(), True)
+        trace = export.chrome_trace(dumps, notes)
     except Exception as exc:  # at exit there is no caller left to raise to
-        print(f"rlinf: could not write the trace to {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"rlinf: could not gather the trace for {', '.join(paths)}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return
+    for target in paths:
+        try:
+            _write(target, trace)
+        except Exception as exc:
+            print(f"rlinf: could not write the trace to {target}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def write_snapshot(session, path: str, drain: bool) -> str:
@@ -108,8 +150,15 @@ def write_snapshot(session, path: str, drain: bool) -> str:
     events, drained already, are not lost: they go to a file in the temporary folder, and the
     ``TraceWriteError`` raised names it."""
     dumps, notes = collect.snapshot(session, drain)
-    trace = export.chrome_trace(dumps, notes)
+    return _write(path, export.chrome_trace(dumps, notes))
+
+
+def _write(path: str, trace: dict) -> str:
+    """Write ``trace`` to ``path``: RLinf's JSONL if it ends in ``.jsonl``, else the JSON timeline; where it
+    cannot be written, to a file in the temporary folder (``TraceWriteError`` names it)."""
     try:
+        if path.endswith(".jsonl"):
+            return jsonl.write(path, trace)
         return export.write(path, trace)
     except OSError as exc:
         failed = f"could not write the trace to {path!r} ({type(exc).__name__}: {exc})"

@@ -1,0 +1,96 @@
+"""``Tracer``: RLinf's span API (``trace_begin``/``trace_end``/``trace_span``/``trace_func``) on rlinf's timeline.
+
+RLinf's ``Tracer`` is a cluster manager that appends Chrome trace events to a
+JSONL file when ``cluster.tracer.enable`` is set; its class methods are
+no-ops until then.  Here the same calls record into the timeline every
+process already keeps (``rlinf.scheduler.tracing``): a span marked in a
+worker lands on that worker's track, on the thread (or ``asyncio`` task) that
+marked it, next to its calls, timers and messages, in the one trace file.
+They do nothing while tracing is off in the process; tracing is on with
+``RLINF_TRACE=path``, inside ``with cluster.trace(path):``, or, as in RLinf,
+with ``Cluster(cluster_cfg={..., "tracer": {"enable": True, "output_file":
+"trace_events.jsonl"}})``, which writes RLinf's JSONL file when the driver
+exits.  Any trace path ending in ``.jsonl`` is written as JSONL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from typing import Any, Callable, Optional
+
+from ..tracing import recorder, spans
+
+
+class Tracer:
+    """RLinf's tracer: class methods marking spans on the timeline (no-ops while tracing is off)."""
+
+    MANAGER_NAME = "Tracer"
+
+    @classmethod
+    def is_enabled(cls) -> bool:
+        """Whether this process records now (spans marked now will appear in the trace)."""
+        return recorder.is_on()
+
+    @classmethod
+    def trace_begin(cls, name: str, cat: str = "default", args: Optional[dict] = None) -> None:
+        """Open span ``name`` (Chrome trace ``B``); nothing while tracing is off.
+
+        Args:
+            name: the span's name.
+            cat: its category (``cat`` on the timeline).
+            args: JSON-ready values shown with it.
+        Raises ``TypeError`` for a name or category that is not a str, or args that are not a dict.
+        """
+        spans.begin(name, cat, args)
+
+    @classmethod
+    def trace_end(cls, name: str, cat: str = "default") -> None:
+        """Close the innermost open span ``name`` (Chrome trace ``E``); nothing if none is open here.
+
+        Args:
+            name: the name given to ``trace_begin``.
+            cat: accepted for RLinf's signature; the span keeps the category it was opened with.
+        """
+        spans.end(name, cat)
+
+    @classmethod
+    @contextlib.contextmanager
+    def trace_span(cls, name: str, cat: str = "default", args: Optional[dict] = None):
+        """``with Tracer.trace_span("step"):``: the block as one span, closed even if it raises."""
+        spans.begin(name, cat, args)
+        try:
+            yield
+        finally:
+            spans.end(name, cat)
+
+    @classmethod
+    def trace_func(cls, func_or_cat: Any = None, cat: str = "default") -> Callable:
+        """Decorator: each call of the function is a span named after it.
+
+        ``@Tracer.trace_func``, ``@Tracer.trace_func()``, ``@Tracer.trace_func("cat")`` and
+        ``@Tracer.trace_func(cat="cat")`` all work; coroutine functions are spanned until they return.
+        """
+        category = func_or_cat if isinstance(func_or_cat, str) else cat
+
+        def decorate(fn: Callable) -> Callable:
+            if asyncio.iscoroutinefunction(fn):
+
+                @functools.wraps(fn)
+                async def traced_async(*args, **kwargs):
+                    with cls.trace_span(fn.__name__, cat=category):
+                        return await fn(*args, **kwargs)
+
+                return traced_async
+
+            @functools.wraps(fn)
+            def traced(*args, **kwargs):
+                with cls.trace_span(fn.__name__, cat=category):
+                    return fn(*args, **kwargs)
+
+            return traced
+
+        if callable(func_or_cat):
+            return decorate(func_or_cat)
+        return decorate
