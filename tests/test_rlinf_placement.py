@@ -95,12 +95,19 @@ def test_cpu_cluster_resources_are_nodes():
 def test_invalid_placements_are_refused_before_anything_starts(placement, nodes, message):
     with pytest.raises(PlacementError, match=message):
         ComponentPlacement(cfg(placement), nodes)
+    # RLinf asserts: programs catching AssertionError (or ValueError) keep working
+    with pytest.raises(AssertionError, match=message):
+        ComponentPlacement(cfg(placement), nodes)
+    with pytest.raises(ValueError, match=message):
+        ComponentPlacement(cfg(placement), nodes)
 
 
 def test_unknown_component_and_missing_section():
     p = ComponentPlacement(cfg({"actor": "0-3"}), TWO_GPU_NODES)
     with pytest.raises(PlacementError, match="Component critic does not exist"):
         p.get_strategy("critic")
+    with pytest.raises(AssertionError, match="Component critic does not exist"):
+        p.get_world_size("critic")
     with pytest.raises(PlacementError, match="component_placement"):
         ComponentPlacement(OmegaConf.create({"cluster": {"num_nodes": 1}}), TWO_GPU_NODES)
 

@@ -20,8 +20,31 @@ class PluginError(RlinfError):
     """A plugin could not be loaded, selected or used."""
 
 
-class PlacementError(RlinfError, ValueError):
-    """A placement asks for nodes or accelerators the cluster does not have."""
+class PlacementError(RlinfError, ValueError, AssertionError):
+    """A placement asks for nodes or accelerators the cluster does not have.
+
+    It is a ``ValueError`` (this project's contract) and an ``AssertionError``
+    (RLinf checks placements with ``assert``), so ``except ValueError`` and
+    ``except AssertionError`` both catch it.
+    """
+
+
+class PlacementArgumentError(PlacementError):
+    """A placement strategy or component placement was given an invalid argument.
+
+    Raised when the strategy is built (a negative rank, an end before the
+    start, ranks that do not split into processes, an empty list), before any
+    cluster is consulted.  Like ``PlacementError`` it is both a ``ValueError``
+    and an ``AssertionError``.
+    """
+
+
+class ClusterConfigError(RlinfError, ValueError, AssertionError):
+    """RLinf's ``cluster`` config section is invalid (a missing or unknown field, a bad rank range, ...).
+
+    Both a ``ValueError`` and an ``AssertionError`` (RLinf validates the
+    section with ``assert``); the message names the offending entry.
+    """
 
 
 class GroupNameError(RlinfError, ValueError):

@@ -15,10 +15,10 @@ positions of the worker's own devices in it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
-from ..base.errors import PlacementError
+from ..base.errors import PlacementArgumentError, PlacementError
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,10 @@ class NodeInfo:
     node_id: str = ""  # the launcher's own identifier for the node
     hostname: str = ""
     accelerator: str = ""  # the accelerator kind's name ("" when unknown or none)
+    #: labels of the cluster config's node groups this node belongs to (RLinf's ``node_labels``)
+    node_labels: tuple[str, ...] = field(default=(), compare=False)
+    #: the node's ``HardwareResource`` list (accelerators and configured hardware such as robots)
+    hardware_resources: tuple = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ def _check_int(value, what: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int, got {value!r}")
     if value < minimum:
-        raise ValueError(f"{what} must be >= {minimum}, got {value}")
+        raise PlacementArgumentError(f"{what} must be >= {minimum}, got {value}")
     return value
 
 
@@ -132,11 +136,13 @@ class PackedPlacementStrategy(PlacementStrategy):
         self.per_process = _check_int(num_hardware_per_process, "num_hardware_per_process", 1)
         self.stride = _check_int(stride, "stride", 1)
         if self.end < self.start:
-            raise ValueError(f"end_hardware_rank ({self.end}) must be >= start_hardware_rank ({self.start})")
+            raise PlacementArgumentError(
+                f"end_hardware_rank ({self.end}) must be >= start_hardware_rank ({self.start})"
+            )
         count = self.end - self.start + 1
         block = self.per_process * self.stride
         if count % block:
-            raise ValueError(
+            raise PlacementArgumentError(
                 f"{count} accelerators ({self.start}..{self.end}) do not split into processes of "
                 f"{self.per_process} with stride {self.stride}"
             )
@@ -165,11 +171,13 @@ class FlexiblePlacementStrategy(PlacementStrategy):
 
     def __init__(self, hardware_ranks_list: Sequence[Sequence[int]]):
         if isinstance(hardware_ranks_list, (str, bytes)) or not hardware_ranks_list:
-            raise ValueError("hardware_ranks_list must be a non-empty list of lists of accelerator ranks")
+            raise PlacementArgumentError("hardware_ranks_list must be a non-empty list of lists of accelerator ranks")
         lists = []
         for inner in hardware_ranks_list:
             if isinstance(inner, (int, str, bytes)) or not inner:
-                raise ValueError(f"each entry of hardware_ranks_list must be a non-empty list, got {inner!r}")
+                raise PlacementArgumentError(
+                    f"each entry of hardware_ranks_list must be a non-empty list, got {inner!r}"
+                )
             lists.append(tuple(_check_int(g, "accelerator rank") for g in inner))
         self.lists = lists
 
@@ -180,22 +188,80 @@ class FlexiblePlacementStrategy(PlacementStrategy):
         return f"FlexiblePlacementStrategy({[list(x) for x in self.lists]})"
 
 
-class NodePlacementStrategy(PlacementStrategy):
-    """One CPU process per entry, on the node that entry names."""
+#: labels every node answers to: all nodes ("cluster"), all nodes as plain CPU hosts ("node")
+ALL_NODES_LABELS = ("cluster", "node")
 
-    def __init__(self, node_ranks: Sequence[int]):
+
+class NodePlacementStrategy(PlacementStrategy):
+    """One CPU process per entry of ``node_ranks``, on the node that entry names.
+
+    Without ``node_group_label`` the entries are global node ranks.  With it
+    (a label or a list of labels of the cluster config's ``node_groups``) they
+    index the nodes of those groups, in the groups' order and each group's
+    node order, as in RLinf: ``NodePlacementStrategy([0, 1], node_group_label="arms")``
+    puts one worker on each of the first two nodes of group ``arms``.  The
+    labels ``cluster`` and ``node`` name every node.
+
+    Raises:
+        PlacementArgumentError: ``node_ranks`` is empty or not a list, a rank is negative, a label is empty.
+        TypeError: a rank is not an int.
+        PlacementError (at placement): an unknown label, groups that share nodes, or a rank beyond the nodes.
+    """
+
+    def __init__(self, node_ranks: Sequence[int], node_group_label: Optional[str | Sequence[str]] = None):
         if isinstance(node_ranks, (str, bytes, int)) or not node_ranks:
-            raise ValueError("node_ranks must be a non-empty list of node ranks")
+            raise PlacementArgumentError("node_ranks must be a non-empty list of node ranks")
         self.node_ranks = [_check_int(n, "node rank") for n in node_ranks]
+        if node_group_label is None:
+            labels = None
+        elif isinstance(node_group_label, str):
+            labels = [node_group_label]
+        elif isinstance(node_group_label, Sequence):
+            labels = [str(label) for label in node_group_label]
+        else:
+            labels = [str(node_group_label)]
+        if labels is not None and (not labels or not all(labels)):
+            raise PlacementArgumentError(f"node_group_label must name node groups, got {node_group_label!r}")
+        self.node_group_labels = labels
+
+    def _selected_nodes(self, nodes: Sequence[NodeInfo]) -> list[NodeInfo]:
+        if self.node_group_labels is None:
+            return list(nodes)
+        selected: list[NodeInfo] = []
+        seen: set[int] = set()
+        for label in self.node_group_labels:
+            members = list(nodes) if label in ALL_NODES_LABELS else [n for n in nodes if label in n.node_labels]
+            if not members:
+                known = sorted({lab for n in nodes for lab in n.node_labels} | set(ALL_NODES_LABELS))
+                raise PlacementError(
+                    f"{self!r}: node group {label!r} not found in the cluster (its node groups: {known}; they come "
+                    f"from Cluster(cluster_cfg=...) node_groups)"
+                )
+            overlap = seen.intersection(n.node_rank for n in members)
+            if overlap:
+                raise PlacementError(
+                    f"{self!r}: node groups {self.node_group_labels} share nodes {sorted(overlap)}; placing across "
+                    f"several groups needs disjoint groups"
+                )
+            seen.update(n.node_rank for n in members)
+            selected.extend(members)
+        return selected
 
     def get_placement(self, nodes):
+        selected = self._selected_nodes(nodes)
         for n in self.node_ranks:
-            if n >= len(nodes):
-                raise PlacementError(f"{self!r} asks for node {n}, but the cluster has {len(nodes)} node(s)")
-        return _finish([(n, (), ()) for n in self.node_ranks])
+            if n >= len(selected):
+                where = f"the cluster has {len(nodes)} node(s)" if self.node_group_labels is None else (
+                    f"node group(s) {self.node_group_labels} have {len(selected)} node(s)"
+                )
+                raise PlacementError(f"{self!r} asks for node {n}, but {where}")
+        return _finish([(selected[n].node_rank, (), ()) for n in self.node_ranks])
 
     def __repr__(self):
-        return f"NodePlacementStrategy({self.node_ranks})"
+        if self.node_group_labels is None:
+            return f"NodePlacementStrategy({self.node_ranks})"
+        label = self.node_group_labels[0] if len(self.node_group_labels) == 1 else self.node_group_labels
+        return f"NodePlacementStrategy({self.node_ranks}, node_group_label={label!r})"
 
 
 def default_placement(nodes: Sequence[NodeInfo]) -> PlacementStrategy:
