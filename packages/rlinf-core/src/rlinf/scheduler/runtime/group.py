@@ -27,6 +27,7 @@ from ..plugins.launcher import CallOutcome, Died, GroupRecord, LauncherSession, 
 from ..plugins.placement import PlacementStrategy, default_placement
 from ..plugins import get_registry
 from ..base.serialization import dumps_worker_payload, ship_run_time_modules_by_value
+from ..base.unpicklable import find_unpicklable, unpicklable_error
 from ..base.timing import reduce_durations
 from ..tracing import collect
 from ..base.hooks import hook
@@ -440,7 +441,13 @@ class WorkerGroup:
         self._selection = None
         ship_run_time_modules_by_value()  # arguments of a test module's classes: the workers cannot import it
         submit = session.submit
-        calls = [submit(self._handles[r], method, args, kwargs) for r in ranks]
+        try:
+            calls = [submit(self._handles[r], method, args, kwargs) for r in ranks]
+        except Exception as exc:  # the first submission pickles the arguments: nothing was started
+            found = find_unpicklable(args, "args") or find_unpicklable(kwargs, "kwargs")
+            if found is None:
+                raise
+            raise unpicklable_error(f"the arguments of {self._name}.{method}()", found[1], exc, found[0]) from exc
         return WorkerGroupFuncResult(self, method, ranks, calls, session)
 
     def _rejected(self, rank: int, method: str, rejected: Rejected) -> WorkerError:

@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 
 import cloudpickle
 
+from ..base.unpicklable import UnpicklableError, unpicklable_error
 from ..base.serialization import keep_own_classes  # noqa: F401  (received classes resolve to ours untouched)
 from ..base.serialization import ship_run_time_modules_by_value
 
@@ -253,14 +254,22 @@ def _is_plain(obj, depth: int = 0) -> bool:
     return False
 
 
-def encode(obj: Any, device_hook: Optional[Callable] = None) -> tuple[bytes, list]:
-    """Pickle ``obj``; return the pickle stream and the out-of-band buffers."""
-    if _is_plain(obj):  # the common small message: the C pickler alone is several times faster
-        return pickle.dumps(obj, protocol=5), []
-    ship_run_time_modules_by_value()  # a test module's classes cannot be imported by the receiver
-    buffers: list = []
-    stream = io.BytesIO()
-    _Pickler(stream, buffers, device_hook).dump(obj)
+def encode(obj: Any, device_hook: Optional[Callable] = None, what: str = "the object", root: str = "") -> tuple[bytes, list]:
+    """Pickle ``obj``; return the pickle stream and the out-of-band buffers.
+
+    Raises ``UnpicklableError`` (a ``TypeError``) naming ``what`` and the path (from ``root``) to the
+    part of ``obj`` that cannot be pickled."""
+    try:
+        if _is_plain(obj):  # the common small message: the C pickler alone is several times faster
+            return pickle.dumps(obj, protocol=5), []
+        ship_run_time_modules_by_value()  # a test module's classes cannot be imported by the receiver
+        buffers: list = []
+        stream = io.BytesIO()
+        _Pickler(stream, buffers, device_hook).dump(obj)
+    except (TypeError, AttributeError, pickle.PicklingError) as exc:  # what pickle raises for an unpicklable part
+        if isinstance(exc, UnpicklableError):
+            raise
+        raise unpicklable_error(what, obj, exc, root) from exc
     return stream.getvalue(), [b.raw() for b in buffers]
 
 

@@ -18,6 +18,7 @@ import zlib
 from typing import Any, Optional
 
 from ...base.address import WorkerAddress
+from ...base.unpicklable import UnpicklableError
 from ...base.errors import CommunicationError
 from ...transports import codec, device_routing
 
@@ -51,7 +52,7 @@ class MessagesMixin:
         if device_routing.may_hold_device_tensors(obj) and device_routing.needs_device_path(obj):
             return self._send_with_device_tensors(obj, peer, transport, timeout, async_op, options)
         try:
-            header, buffers = codec.encode(obj)
+            header, buffers = codec.encode(obj, what=f"the object sent to {peer.get_name()}", root="object")
             failure = None
         except Exception as exc:
             header, buffers = codec.encode(_SendFailure(f"{type(exc).__name__}: {exc}"))
@@ -62,6 +63,9 @@ class MessagesMixin:
             self._send_frames(peer, transport, [header, *buffers], deadline)
 
         result = self._run(pair, op, async_op and failure is None, "send", peer, timeout)
+        if isinstance(failure, UnpicklableError):  # it names the peer, the part and the fix already
+            failure.args = (f"{self.name}: {failure}",)
+            raise failure
         if failure is not None:
             raise TypeError(f"{self.name}: cannot send {type(obj).__name__} to {peer.get_name()!r}: {failure}") from failure
         return result
