@@ -52,6 +52,10 @@ def _p2p():
 class Worker:
     """A remote process that runs the methods of a worker group."""
 
+    #: RLinf's handle on its manager process, which RLinf code passes to ``get_group_world_size``; there is
+    #: no manager process here, and ``None`` makes the routing helpers ask this process's cluster
+    _manager_proxy = None
+
     #: decorator that times a method under a tag: ``@Worker.timer("train_step")``
     timer = staticmethod(timing.timer)
 
