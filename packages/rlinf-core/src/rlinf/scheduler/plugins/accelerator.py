@@ -37,6 +37,7 @@ WORKER_ACCELERATOR_ENV = "RLINF_WORKER_ACCELERATOR"
 
 CPU = AcceleratorPlugin(
     name="cpu",
+    accelerator_type="NO_ACCEL",
     ray_resource="",
     visible_devices_env="",
     torch_device_type="cpu",
@@ -160,17 +161,32 @@ def current() -> AcceleratorPlugin:
 
 
 # -- RLinf's names for the same answers (``Worker.accelerator_type`` and friends) ---------------
-#: RLinf's ``AcceleratorType`` names for the kinds rlinf-core ships
-_RLINF_TYPES = {"nvidia": "NV_GPU", "amd": "AMD_GPU", "ascend": "NPU", "cpu": "NO_ACCEL"}
+#: RLinf's ``AcceleratorType`` value of "no accelerator"
+NO_ACCEL = "NO_ACCEL"
 
 
 def detect() -> tuple[str, Optional[str]]:
     """``(accelerator_type, torch_device_type)`` of this process, as RLinf gives them: ``("NV_GPU", "cuda")``,
-    or ``("NO_ACCEL", None)`` without an accelerator (RLinf programs test ``torch_platform is not None``)."""
+    or ``("NO_ACCEL", None)`` without an accelerator (RLinf programs test ``torch_platform is not None``).
+    A kind's RLinf type is its descriptor's ``accelerator_type`` (the name upper-cased when unset)."""
     kind = current()
     if kind is CPU:
-        return "NO_ACCEL", None
-    return _RLINF_TYPES.get(kind.name, kind.name.upper()), kind.torch_device_type
+        return NO_ACCEL, None
+    return kind.rlinf_type, kind.torch_device_type
+
+
+def by_rlinf_type(accelerator_type: str) -> Optional[AcceleratorPlugin]:
+    """The usable kind whose RLinf ``AcceleratorType`` value is ``accelerator_type`` (``CPU`` for NO_ACCEL);
+    None when no installed kind has it.  Several kinds of one type: the one with devices here, else the
+    highest priority."""
+    value = getattr(accelerator_type, "value", accelerator_type)
+    if value == NO_ACCEL:
+        return CPU
+    matches = [k for k in kinds() if k.rlinf_type == value]
+    if not matches:
+        return None
+    local = [k for k in matches if _local_count(k) > 0]
+    return (local or matches)[0]
 
 
 def torch_platform():

@@ -46,6 +46,7 @@ def rlinf_register_accelerators():
     return [
         AcceleratorPlugin(
             name="nvidia",
+            accelerator_type="NV_GPU",
             ray_resource="GPU",
             visible_devices_env="CUDA_VISIBLE_DEVICES",
             torch_device_type="cuda",
@@ -56,6 +57,7 @@ def rlinf_register_accelerators():
         ),
         AcceleratorPlugin(
             name="amd",
+            accelerator_type="AMD_GPU",
             ray_resource="GPU",
             visible_devices_env="HIP_VISIBLE_DEVICES",
             torch_device_type="cuda",  # ROCm builds of torch use the cuda device type
@@ -66,6 +68,7 @@ def rlinf_register_accelerators():
         ),
         AcceleratorPlugin(
             name="ascend",
+            accelerator_type="NPU",
             ray_resource="NPU",
             visible_devices_env="ASCEND_RT_VISIBLE_DEVICES",
             torch_device_type="npu",

@@ -96,3 +96,49 @@ class AcceleratorPlugin:
     check: Callable[[], Optional[str]] = _always_usable
     description: str = ""
     extra: dict = field(default_factory=dict)
+    #: RLinf's ``AcceleratorType`` value of this kind (``"NV_GPU"``, ``"AMD_GPU"``, ``"NPU"``, ...);
+    #: empty: the name upper-cased
+    accelerator_type: str = ""
+
+    @property
+    def rlinf_type(self) -> str:
+        """RLinf's ``AcceleratorType`` value for this kind (``accelerator_type``, else ``name.upper()``)."""
+        return self.accelerator_type or self.name.upper()
+
+
+def _one_info_per_config(plugin: "HardwarePlugin", node_rank: int, configs: list) -> list:
+    return [plugin.info_class(type=plugin.name, model=plugin.name, config=c) for c in configs]
+
+
+@dataclass
+class HardwarePlugin:
+    """A kind of hardware attached to nodes (a robot arm, a camera rig, ...), named in the cluster config.
+
+    A node group of RLinf's ``cluster`` section names it in ``hardware.type``
+    and lists one entry per device in ``hardware.configs``; each entry becomes
+    a ``config_class`` instance (a dataclass whose first field is
+    ``node_rank``; unknown or missing fields are refused naming the group).
+
+    ``enumerate(node_rank, configs)`` returns the ``HardwareInfo`` objects of
+    the node ``node_rank`` given this kind's configs for that node (possibly
+    none); ``None`` builds one ``info_class(type=name, model=name, config=c)``
+    per config.  It runs in the driver when a ``Cluster`` is made with the
+    config and may raise to refuse a config (the error names the node).
+    ``check()`` returns ``None`` when this kind can be used here, else the
+    reason; it never raises.
+    """
+
+    name: str
+    config_class: type
+    info_class: type
+    enumerate: Optional[Callable[[int, list], Optional[list]]] = None
+    priority: int = 0
+    check: Callable[[], Optional[str]] = _always_usable
+    description: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def enumerate_node(self, node_rank: int, configs: list) -> list:
+        """The hardware infos of node ``node_rank`` (``enumerate`` or one info per config); ``[]`` when none."""
+        if self.enumerate is None:
+            return _one_info_per_config(self, node_rank, configs)
+        return list(self.enumerate(node_rank, configs) or [])

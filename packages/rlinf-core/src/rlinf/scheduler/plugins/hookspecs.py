@@ -25,8 +25,8 @@ Rules rlinf follows:
   with the wrong signature, or a hook name that is not specified here: the
   plugin is reported (warning, ``python -m rlinf.scheduler plugins``) and
   skipped; every other plugin keeps working.
-* Two plugins registering the same launcher, transport or accelerator name: selecting that
-  name raises an error naming both distributions.
+* Two plugins registering the same launcher, transport, accelerator or hardware
+  name: selecting that name raises an error naming both distributions.
 * Selection: an explicit name wins (argument, ``CollectiveGroupOptions``),
   else ``RLINF_LAUNCHER`` / ``RLINF_TRANSPORT``, else the usable descriptor
   with the highest priority (for transports: among those serving the device).
@@ -39,7 +39,8 @@ Rules a plugin follows:
 * Launchers implement ``rlinf.scheduler.plugins.launcher.Launcher``; transports
   implement ``rlinf.scheduler.plugins.transport.Transport`` (device transports
   also the optional device methods described there); accelerators are plain
-  ``AcceleratorPlugin`` descriptors (see ``rlinf_register_accelerators``).  Core owns message
+  ``AcceleratorPlugin`` descriptors (see ``rlinf_register_accelerators``), hardware
+  kinds plain ``HardwarePlugin`` descriptors (see ``rlinf_register_hardware``).  Core owns message
   formats, ordering, timeouts and error reporting; a backend moves processes
   or bytes.
 * Every listener authenticates its peer before it reads a byte of hello or
@@ -115,4 +116,61 @@ def rlinf_register_accelerators() -> list:
 
     NVIDIA, AMD and Ascend ship with rlinf-core through this very hook
     (``rlinf.scheduler.plugins.accelerator_plugin``).
+    """
+
+
+@hookspec
+def rlinf_register_hardware() -> list:
+    """Return a list of ``HardwarePlugin`` descriptors this plugin provides.
+
+    A hardware descriptor is a kind of device attached to nodes (a robot arm,
+    ...) that a program places workers next to.  RLinf's cluster config names
+    it in a node group::
+
+        cluster:
+          num_nodes: 2
+          node_groups:
+            - label: arms
+              node_ranks: 0-1
+              hardware:
+                type: MyArm                  # the descriptor's name
+                configs:
+                  - {node_rank: 0, port: /dev/ttyUSB0}
+                  - {node_rank: 1, port: /dev/ttyUSB1}
+
+    and the plugin says how to read each entry and what it yields::
+
+        from dataclasses import dataclass
+        from rlinf.scheduler.hardware import HardwareConfig, HardwareInfo, HardwarePlugin
+        from rlinf.scheduler.plugins import hookimpl
+
+        @dataclass
+        class MyArmConfig(HardwareConfig):        # node_rank comes from HardwareConfig
+            port: str = "/dev/ttyUSB0"
+
+        @dataclass
+        class MyArmHWInfo(HardwareInfo):          # type and model come from HardwareInfo
+            config: MyArmConfig
+
+        @hookimpl
+        def rlinf_register_hardware():
+            return [HardwarePlugin(name="MyArm", config_class=MyArmConfig, info_class=MyArmHWInfo)]
+
+    What rlinf does with it:
+
+    * ``ClusterConfig`` (and so ``Cluster(cluster_cfg=...)``) builds each
+      ``configs`` entry as ``config_class(**entry)``: missing or unknown fields,
+      an entry whose ``node_rank`` is outside its group, duplicate entries, or a
+      ``type`` no plugin provides are refused before anything starts
+      (``ClusterConfigError``, naming the installed types).  Names match exactly,
+      else case-insensitively when that is unambiguous.
+    * When the cluster is made, ``enumerate(node_rank, configs)`` (default: one
+      ``info_class(type=name, model=name, config=c)`` per config) gives each
+      node's ``HardwareResource``; ``cluster.get_node_info(r).hardware_resources``
+      lists them next to the node's accelerators (type ``"Accelerator"``).
+    * Worker placement by node group (``NodePlacementStrategy(ranks,
+      node_group_label="arms")``) uses the group's nodes.
+
+    RLinf's robots (Franka, DualFranka, DOSW1, GimArm, Turtle2) ship with
+    rlinf-core through this very hook (``rlinf.scheduler.hardware.robots``).
     """

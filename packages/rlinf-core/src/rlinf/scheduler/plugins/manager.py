@@ -22,13 +22,14 @@ import pluggy
 from ..base import config
 from ..base.errors import PluginError
 from . import hookspecs
-from .descriptors import AcceleratorPlugin, LauncherPlugin, TransportPlugin
+from .descriptors import AcceleratorPlugin, HardwarePlugin, LauncherPlugin, TransportPlugin
 
 CORE_DISTRIBUTION = "rlinf-core"
 _KINDS = {
     "launcher": ("rlinf_register_launchers", LauncherPlugin),
     "transport": ("rlinf_register_transports", TransportPlugin),
     "accelerator": ("rlinf_register_accelerators", AcceleratorPlugin),
+    "hardware": ("rlinf_register_hardware", HardwarePlugin),
 }
 
 

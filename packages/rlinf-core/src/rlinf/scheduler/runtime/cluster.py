@@ -12,6 +12,7 @@ none was given.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import weakref
@@ -19,6 +20,10 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from ..base import config, context, progress, security, worker_logging
+from ..base.errors import ClusterConfigError, PluginError
+from ..plugins import accelerator as _accelerator
+from ..plugins import hardware as _hardware
+from ..plugins.cluster_config import ClusterConfig
 from ..plugins.launcher import LauncherSession, provide_current_session
 from ..plugins.placement import NodeInfo
 from ..plugins import get_registry
@@ -126,6 +131,33 @@ def _plain_config(cluster_cfg: Any) -> dict:
     return cfg
 
 
+def _parsed_config(cfg: dict) -> ClusterConfig:
+    """``ClusterConfig`` of the plain section, every RLinf check applied; errors say it is the cluster_cfg."""
+    try:
+        return ClusterConfig.from_dict_cfg(cfg)
+    except ClusterConfigError as exc:
+        text = str(exc)
+        raise ClusterConfigError(text if "cluster_cfg" in text else f"invalid cluster_cfg: {text}") from None
+
+
+def _node_hardware(node: NodeInfo, config: Optional[ClusterConfig]) -> NodeInfo:
+    """``node`` with its node-group labels and hardware resources (accelerators, configured robots) filled in."""
+    try:
+        rlinf_type = _accelerator.get(node.accelerator).rlinf_type if node.accelerator else "NV_GPU"
+    except PluginError:
+        rlinf_type = node.accelerator.upper()
+    accel = _hardware.accelerator_resource(node.num_gpus, node.accelerator or "gpu", rlinf_type)
+    if config is None:
+        resources = [accel] if accel is not None else []
+        return dataclasses.replace(node, hardware_resources=tuple(resources))
+    resources = _hardware.enumerate_node(node.node_rank, config.get_node_hw_configs_by_type(node.node_rank), accel)
+    return dataclasses.replace(
+        node,
+        node_labels=tuple(config.get_node_labels_by_rank(node.node_rank)),
+        hardware_resources=tuple(resources),
+    )
+
+
 def _wait_for_nodes(session: LauncherSession, wanted: int, timeout: float) -> list[NodeInfo]:
     """The session's nodes once ``wanted`` have joined; bounded by ``timeout``, saying what it waits for (``progress``)."""
     start = time.monotonic()
@@ -172,6 +204,7 @@ class Cluster:
             raise ValueError(f"num_nodes must be a non-negative int, got {num_nodes!r}")
         cfg = _plain_config(cluster_cfg) if cluster_cfg is not None else None
         if cfg is not None:
+            _parsed_config(cfg)  # every RLinf check, before connecting
             if num_nodes and num_nodes != cfg["num_nodes"]:
                 raise ValueError(
                     f"Cluster(num_nodes={num_nodes}) does not match cluster_cfg.num_nodes={cfg['num_nodes']}"
@@ -211,6 +244,8 @@ class Cluster:
                 )
             all_nodes = _wait_for_nodes(session, num_nodes, wait_timeout)
         self._nodes = all_nodes[:num_nodes] if num_nodes else all_nodes
+        self._config = _parsed_config(self._cfg) if self._cfg is not None else None
+        self._nodes = [_node_hardware(node, self._config) for node in self._nodes]
 
     @property
     def session(self) -> LauncherSession:
@@ -236,6 +271,11 @@ class Cluster:
     def cluster_cfg(self) -> Optional[dict]:
         """The ``cluster`` config this cluster was made with (a plain dict), or None."""
         return self._cfg
+
+    @property
+    def cluster_config(self) -> Optional[ClusterConfig]:
+        """The ``cluster`` config parsed as RLinf's ``ClusterConfig`` (node groups, hardware), or None."""
+        return self._config
 
     @property
     def component_placement(self) -> Optional[dict]:
