@@ -1,0 +1,203 @@
+"""Per-key queue bookkeeping of the channel host: queues, parked requests, deadlines.
+
+``_Queue`` is one key's state (its committed items, parked getters and
+putters, and the places held by puts not yet committed); ``_Waiter`` is one
+parked request.  ``_KeyQueues`` holds the host's operations on that state:
+taking, committing and dropping puts, parking and unparking requests with
+their deadlines, serving a key as far as its state allows, cancelling and
+expiring.  It is a part of ``server.ChannelServer``, which owns the state
+(``_queues``, ``maxsize``, ``_timers``, ``_compact_timers_at``, ``_seq``,
+``_blocks``) and sends the replies (``_reply``); everything here runs on the
+host's loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from .server import _Conn
+
+
+@dataclass(eq=False)
+class _Waiter:
+    conn: "_Conn"
+    rid: int
+    op: str
+    key: str
+    deadline: Optional[float]
+    frames: list = field(default_factory=list)  # the item, for a parked put
+    weight: float = 0.0
+    target: float = 0.0  # for get_batch
+    parked: bool = True  # False once served, cancelled, expired or dropped
+
+
+@dataclass
+class _Queue:
+    items: collections.deque = field(default_factory=collections.deque)  # (frames, weight)
+    getters: collections.deque = field(default_factory=collections.deque)
+    putters: collections.deque = field(default_factory=collections.deque)
+    uncommitted: int = 0  # items taken from puts whose producers have not committed them yet
+
+
+#: the deadline heap is compacted when it reaches this size (and then twice what was left)
+_MIN_TIMERS_COMPACT = 1024
+
+
+class _KeyQueues:
+    """The channel host's per-key queue operations (see the module docstring)."""
+
+    def _take(self, conn: _Conn, rid: int, key: str, q: _Queue, item: list, weight: float) -> None:
+        """Take a put: its item holds a place in ``key``'s queue, seen by consumers once committed."""
+        q.uncommitted += 1
+        conn.uncommitted[rid] = (key, (item, weight))
+        self._reply(conn, {"id": rid})
+
+    def _commit(self, conn: _Conn, ids) -> None:
+        """The client told the callers of these puts that they succeeded: their items join their queues."""
+        for i in ids:
+            entry = conn.uncommitted.pop(i, None)
+            if entry is None:
+                continue  # cancelled before (its caller was told it failed), or never taken
+            key, item = entry
+            q = self._queues[key]
+            q.uncommitted -= 1
+            q.items.append(item)
+            self._progress(key)
+
+    def _drop_uncommitted(self, conn: _Conn, rid: int) -> str:
+        """Drop a put taken but not committed (its caller was told it failed); its key, to progress."""
+        key, (frames, _) = conn.uncommitted.pop(rid)
+        self._queues[key].uncommitted -= 1
+        self._blocks.give_back(frames)
+        return key
+
+    def _has_room(self, q: _Queue) -> bool:
+        return not self.maxsize or len(q.items) + q.uncommitted < self.maxsize
+
+    def _requeue(self, key: str, items: list) -> None:
+        """Put items that left but were not taken back at the head of ``key``'s queue."""
+        q = self._queues.setdefault(key, _Queue())
+        for item in reversed(items):
+            q.items.appendleft(item)
+
+    def _park(self, waiters: collections.deque, w: _Waiter) -> None:
+        waiters.append(w)
+        w.conn.parked[w.rid] = w
+        if w.deadline is not None:
+            if len(self._timers) >= self._compact_timers_at:
+                self._compact_timers()
+            heapq.heappush(self._timers, (w.deadline, next(self._seq), w))
+
+    def _compact_timers(self) -> None:
+        """Drop the deadlines of waiters already served.
+
+        A served waiter's entry stays in the heap until its deadline, and a
+        steady stream of gets with a timeout would otherwise keep that many
+        entries (and the items of served puts) alive: compacting when the
+        heap doubles keeps it proportional to the waiters still parked, at
+        amortised constant cost per park.
+        """
+        self._timers = [e for e in self._timers if e[2].parked]
+        heapq.heapify(self._timers)
+        self._compact_timers_at = max(_MIN_TIMERS_COMPACT, 2 * len(self._timers))
+
+    def _unpark(self, waiters: collections.deque, w: _Waiter) -> None:
+        waiters.remove(w)
+        w.parked = False
+        w.conn.parked.pop(w.rid, None)
+
+    def _send_items(self, w: _Waiter, items: list) -> None:
+        """A reply carrying ``items`` to ``w``; they stay in flight on its connection until acknowledged."""
+        w.conn.inflight[w.rid] = (w.key, items)
+        frames = [f for item, _ in items for f in item]
+        self._reply(w.conn, {"id": w.rid, "count": len(items), "sizes": [len(item) for item, _ in items]}, frames)
+
+    def _progress(self, key: str) -> None:
+        """Serve whatever the state of ``key`` now allows."""
+        q = self._queues.get(key)
+        if q is None:
+            return
+        progressed = True
+        while progressed:
+            progressed = False
+            while q.putters and self._has_room(q):
+                w = q.putters[0]
+                self._unpark(q.putters, w)
+                self._take(w.conn, w.rid, key, q, w.frames, w.weight)
+            for w in list(q.getters):
+                if not q.items:
+                    break
+                if w.op == "get":
+                    self._unpark(q.getters, w)
+                    self._send_items(w, [q.items.popleft()])
+                    progressed = True
+                else:
+                    full = bool(self.maxsize) and len(q.items) >= self.maxsize
+                    batch = self._take_batch(q, w.target, full)
+                    if batch is not None:
+                        self._unpark(q.getters, w)
+                        self._send_items(w, batch)
+                        progressed = True
+        self._maybe_forget(key)
+
+    @staticmethod
+    def _take_batch(q: _Queue, target: float, full: bool = False) -> Optional[list]:
+        """The longest FIFO prefix weighing at most ``target``, once it can grow no further.
+
+        It can grow no further when it reaches the target, when the next item
+        would exceed the target, or when the queue is full (a bounded queue
+        at its ``maxsize`` cannot take the items that would complete it).
+        """
+        total, n = 0.0, 0
+        for _, weight in q.items:
+            if total + weight > target:
+                break
+            total += weight
+            n += 1
+            if total >= target:
+                break
+        else:
+            if total < target and not full:
+                return None  # more items may come and fit
+        if n == 0:
+            return None
+        return [q.items.popleft() for _ in range(n)]
+
+    def _maybe_forget(self, key: str) -> None:
+        q = self._queues.get(key)
+        if q is not None and not q.items and not q.getters and not q.putters and not q.uncommitted:
+            del self._queues[key]
+
+    def _cancel(self, conn: _Conn, target: int) -> Optional[str]:
+        """Drop a parked request of ``conn`` or a put it did not commit, or put back the items already
+        sent for it; the key to progress."""
+        entry = conn.inflight.pop(target, None)
+        if entry is not None:
+            self._requeue(*entry)
+            return entry[0]
+        if target in conn.uncommitted:  # its caller was told it failed: it did not happen
+            return self._drop_uncommitted(conn, target)
+        w = conn.parked.get(target)
+        if w is None:
+            return None
+        q = self._queues[w.key]
+        self._unpark(q.putters if w.op == "put" else q.getters, w)
+        if w.op == "put":  # its caller was told it failed (timed out, interrupted): it did not happen
+            self._blocks.give_back(w.frames)
+        return w.key
+
+    def _expire(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            _, _, w = heapq.heappop(self._timers)
+            if not w.parked:
+                continue
+            q = self._queues[w.key]
+            self._unpark(q.putters if w.op == "put" else q.getters, w)
+            if w.op == "put":
+                self._blocks.give_back(w.frames)
+            self._reply(w.conn, {"id": w.rid, "error": "Timeout", "message": "timed out waiting"})
+            self._progress(w.key)  # a put that left may let a get_batch or a later put through
