@@ -214,7 +214,7 @@ def main(argv=None):
                 ["item", "mode", "rlinf Channel", "Ray Queue", "ratio"], rows)
     save_bar_plot("channel", "Concurrent put+get throughput", kinds,
                   {"rlinf Channel": [results[k][0]["concurrent"] for k in kinds],
-                   "Ray Queue": [results[k][1]["concurrent"] for k in kinds]}, "items/s", log=True)
+                   "Ray Queue": [results[k][1]["concurrent"] for k in kinds]}, "throughput (items/s)", log=True)
     prod.stop()
     cons.stop()
     load_rows, load_targets, load = load_cases(cluster, args.load_messages, max(2, args.load_messages // 10), args.slow_ms,
@@ -223,7 +223,8 @@ def main(argv=None):
                 ["clients", "case", "rlinf Channel", "baseline", "ratio"], load_rows)
     save_bar_plot("channel_load", "32 producers x 32 consumers on 8 keys", ["all keys", "beside a slow consumer"],
                   {"rlinf Channel": [load["load"][0], load["slow"][0]],
-                   "baseline (8 Ray Queues; no slow consumer)": [load["load"][1], load["slow"][1]]}, "items/s", log=True)
+                   "baseline (8 Ray Queues; no slow consumer)": [load["load"][1], load["slow"][1]]},
+                  "throughput (items/s)", log=True)
     close_cluster(cluster)
     ratio = {k: results[k][0]["concurrent"] / results[k][1]["concurrent"] for k in kinds}
     return [Target("1 MiB tensors concurrent vs Ray Queue", ratio["1 MiB tensor"], ">=", 2.0),

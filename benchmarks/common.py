@@ -155,35 +155,42 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def save_bar_plot(name: str, title: str, labels: Sequence[str], series: dict, ylabel: str, log: bool = False) -> str:
-    import matplotlib
+def save_plot(name: str, title: str, *panels: dict) -> str:
+    """Write the plot ``name`` (``RESULTS/name.png``) and its data (``RESULTS/name.json``); print and return the PNG's path.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Every benchmark's plot goes through here, so all share the look of
+    ``plots.py`` (one unit per panel, legends outside the data, fonts readable
+    in the docs) and can be redrawn from the JSON without running again.
 
-    os.makedirs(RESULTS, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(labels) * len(series) / 2 + 3), 4))
-    width = 0.8 / max(1, len(series))
-    for i, (label, values) in enumerate(series.items()):
-        xs = [x + i * width for x in range(len(labels))]
-        ax.bar(xs, values, width=width, label=label)
-    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(labels))])
-    ax.set_xticklabels(labels)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    if log:
-        ax.set_yscale("log")
-    ax.legend()
-    return save_figure(fig, name)
+    Args:
+        name: the plot's name (the benchmark's).
+        title: the figure's title.
+        panels: one or more panels, made by ``plots.bar`` or ``plots.line``.
 
+    Raises:
+        ValueError: a panel breaks a rule of ``plots.check_spec`` (a y label without its unit, for one).
+    """
+    import plots
 
-def save_figure(fig, name: str) -> str:
-    """Write ``fig`` to ``RESULTS/name.png``, close it, and say where; every benchmark's plot goes through here."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    path = os.path.join(RESULTS, f"{name}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = plots.save(name, {"title": title, "panels": list(panels)}, RESULTS)
     print(f"plot written to {path}")
     return path
+
+
+def save_bar_plot(name: str, title: str, labels: Sequence[str], series: dict, ylabel: str, log: bool = False) -> str:
+    """One panel of bars: ``labels`` on the x axis, one bar per series at each; see ``save_plot``.
+
+    Args:
+        name: the plot's name.
+        title: the figure's title.
+        labels: the x axis's categories.
+        series: legend label -> one value per category, all in the unit of ``ylabel``.
+        ylabel: the quantity and its unit in parentheses, e.g. ``"bandwidth (GB/s)"``.
+        log: a logarithmic y axis.
+
+    Raises:
+        ValueError: as ``save_plot``.
+    """
+    import plots
+
+    return save_plot(name, title, plots.bar(list(labels), series, ylabel, log=log))

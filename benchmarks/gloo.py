@@ -67,9 +67,10 @@ def main(argv=None):
             rows.append([f"{size} MiB {what} (GB/s)", f"{c / 1e9:.2f}", f"{g / 1e9:.2f}", f"{g / c:.2f}x cpu"])
     print_table("torch-gloo against the cpu transport, two workers on this machine (best of rounds)",
                 ["measure", "cpu", "torch-gloo", "ratio"], rows)
-    labels = [f"{s} MiB {w}" for s in sizes for w in ("send", "send_tensor")]
+    labels = [f"{s} MiB\n{w}" for s in sizes for w in ("send", "send_tensor")]
     save_bar_plot("gloo", "One-way bandwidth: torch-gloo vs cpu transport", labels,
-                  {n: [bw[(s, raw, n)] / 1e9 for s in sizes for raw in (False, True)] for n in TRANSPORTS}, "GB/s")
+                  {n: [bw[(s, raw, n)] / 1e9 for s in sizes for raw in (False, True)] for n in TRANSPORTS},
+                  "bandwidth (GB/s)")
     for g in groups.values():
         g.stop()
     close_cluster(cluster)

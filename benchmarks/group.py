@@ -13,7 +13,9 @@ import argparse
 import statistics
 import time
 
-from common import Target, add_run_options, close_cluster, local_cluster, parse, print_table, save_bar_plot
+from common import Target, add_run_options, close_cluster, local_cluster, parse, print_table, save_plot
+
+import plots
 
 from rlinf.scheduler import NodePlacementStrategy, Worker
 
@@ -87,12 +89,12 @@ def main(argv=None):
             ["group call noop (ms)", raw_c * 1e3, our_c * 1e3, our_c / raw_c, "<= 1.25"],
         ],
     )
-    save_bar_plot(
+    save_plot(
         "group",
-        f"rlinf vs raw Ray, {n} workers",
-        ["launch (s)", "noop call (ms)"],
-        {"raw Ray": [raw_l, raw_c * 1e3], "rlinf": [our_l, our_c * 1e3]},
-        "time",
+        f"rlinf vs raw Ray, {n} workers (medians)",
+        plots.bar([f"{n} workers"], {"raw Ray": [raw_l], "rlinf": [our_l]}, "time (s)", title="launch + first answer"),
+        plots.bar([f"{n} workers"], {"raw Ray": [raw_c * 1e3], "rlinf": [our_c * 1e3]}, "time (ms)",
+                  title="group call, noop"),
     )
     close_cluster(cluster)
     return [Target("launch + first answer vs raw Ray", our_l / raw_l, "<=", 1.25),

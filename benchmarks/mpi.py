@@ -134,7 +134,7 @@ def inside(args) -> None:
     save_bar_plot("mpi", "One-way bandwidth over MPI by tensor size", [f"{s} MiB" for s in sizes],
                   {n: [bw[s][k] / 1e9 for s in sizes] for n, k in
                    (("rlinf send_tensor", "send_tensor"), ("rlinf send", "send"), ("raw mpi4py Send/Recv", "raw"))},
-                  "GB/s")
+                  "bandwidth (GB/s)")
     group.stop()
     targets = [Target("small round trip vs raw mpi4py", rtt_ours / rtt_raw, "<=", 3.0)]
     if 256 in bw:

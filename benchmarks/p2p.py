@@ -205,7 +205,7 @@ def main(argv=None):
                 ["measure", "rlinf", "gloo", "Ray actors", "ratio"], rows)
     names = ["rlinf send/recv", "rlinf send_tensor", "gloo", "Ray actors"]
     save_bar_plot("p2p", "One-way bandwidth by tensor size", [f"{s} MiB" for s in sizes],
-                  {n: [bw[s][n] / 1e9 for s in sizes] for n in names}, "GB/s")
+                  {n: [bw[s][n] / 1e9 for s in sizes] for n in names}, "bandwidth (GB/s)")
     group.stop()
     close_cluster(cluster)
     targets = [Target("small round trip vs gloo", rtt["rlinf send/recv"] / rtt["gloo"], "<=", 0.5)]

@@ -36,7 +36,9 @@ import time
 for _key in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE"):
     os.environ.pop(_key, None)
 
-from common import RESULTS, save_figure, Target, add_run_options, parse, print_table
+from common import Target, add_run_options, parse, print_table, save_plot
+
+import plots
 
 from rlinf.scheduler import NodePlacementStrategy, Worker
 
@@ -258,30 +260,22 @@ def measure(cluster, ray, n: int, args, tag: str) -> dict:
     }
 
 
-def save_plot(rows: list[dict]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(RESULTS, exist_ok=True)
+def save_scale_plot(rows: list[dict]) -> str:
+    """The plot ``scale``: launch and all-to-all times (s) beside group-call times (ms), over the worker count."""
     ns = [r["n"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot(ns, [r["raw_launch"] for r in rows], "o--", label="launch, raw Ray")
-    left.plot(ns, [r["our_launch"] for r in rows], "o-", label="launch, rlinf")
-    left.plot(ns, [r["round"] for r in rows], "s-", label="all-to-all round (first, connects)")
-    left.plot(ns, [r["round2"] for r in rows], "s:", label="all-to-all round (second)")
-    left.set_xlabel("workers")
-    left.set_ylabel("seconds")
-    left.set_title("launch and all-to-all")
-    left.legend()
-    right.plot(ns, [r["raw_call"] * 1e3 for r in rows], "o--", label="noop on every worker, raw Ray")
-    right.plot(ns, [r["our_call"] * 1e3 for r in rows], "o-", label="noop on every group, rlinf")
-    right.set_xlabel("workers")
-    right.set_ylabel("ms")
-    right.set_title("group call")
-    right.legend()
-    return save_figure(fig, "scale")
+    return save_plot(
+        "scale", "Scale: times over the number of workers",
+        plots.line(ns, {"launch, raw Ray": [r["raw_launch"] for r in rows],
+                        "launch, rlinf": [r["our_launch"] for r in rows],
+                        "all-to-all round (first, connects)": [r["round"] for r in rows],
+                        "all-to-all round (second)": [r["round2"] for r in rows]},
+                   "time (s)", "workers", title="launch and all-to-all",
+                   styles={"launch, raw Ray": "o--", "all-to-all round (first, connects)": "s-",
+                           "all-to-all round (second)": "s:"}),
+        plots.line(ns, {"noop on every worker, raw Ray": [r["raw_call"] * 1e3 for r in rows],
+                        "noop on every group, rlinf": [r["our_call"] * 1e3 for r in rows]},
+                   "time (ms)", "workers", title="group call",
+                   styles={"noop on every worker, raw Ray": "o--"}))
 
 
 def main(argv=None):
@@ -341,7 +335,7 @@ def main(argv=None):
           f"{r['rlinf_threads_after']}/{r['rlinf_threads_settled']}",
           f"{r['fds_before']}/{r['fds_after']}", r["rss_mb"], r["registry_lookups"]] for r in rows],
     )
-    save_plot(rows)
+    save_scale_plot(rows)
     targets = []
     for r in rows:
         targets.append(Target(f"launch vs raw Ray at N={r['n']}", r["our_launch"] / r["raw_launch"], "<=", 1.25))

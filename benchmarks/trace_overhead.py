@@ -25,7 +25,9 @@ import tempfile
 import time
 
 from common import (SMALL_MESSAGE, RoundTripPeer, Target, add_run_options, close_cluster, local_cluster, parse,
-                    print_table, save_bar_plot)
+                    print_table, save_plot)
+
+import plots
 
 from rlinf.scheduler import NodePlacementStrategy, Worker
 
@@ -165,8 +167,11 @@ def main(argv=None):
           + " ".join(f"{t * 1e6:.1f}" for t in on_rt), flush=True)
     print(f"recording one p2p event: {per_event:.2f} us of CPU (a round trip records 4: a send and a recv "
           f"on each side)", flush=True)
-    save_bar_plot("trace", "tracing off vs on", ["noop call (ms)", "p2p round trip (us)"],
-                  {"off": [c_off * 1e3, fine_off * 1e6], "on": [c_on * 1e3, fine_on * 1e6]}, "time")
+    save_plot("trace", "Tracing off vs on (medians)",
+              plots.bar([f"{args.workers} workers"], {"off": [c_off * 1e3], "on": [c_on * 1e3]}, "time (ms)",
+                        title="group call, noop"),
+              plots.bar(["2 workers"], {"off": [fine_off * 1e6], "on": [fine_on * 1e6]}, "time (µs)",
+                        title="p2p small round trip"))
     return [Target("group call, tracing on vs off", c_on / c_off, "<=", 1.1),
             Target("p2p small round trip, tracing on vs off", fine_on / fine_off, "<=", 1.1)]
 

@@ -40,7 +40,9 @@ import os
 import statistics
 import time
 
-from common import RESULTS, save_figure, Target, add_run_options, close_cluster, local_cluster, parse, print_table
+from common import Target, add_run_options, close_cluster, local_cluster, parse, print_table, save_plot
+
+import plots
 
 from rlinf.scheduler import NodePlacementStrategy, Worker
 
@@ -268,22 +270,9 @@ def tcp_floor(size_mb: int, n: int) -> float:
 
 
 def save_line_plot(name: str, title: str, ns: list, series: dict, ylabel: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(RESULTS, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, values in series.items():
-        ax.plot(ns, values, marker="o", label=label)
-    ax.set_xticks(ns)
-    ax.set_xlabel("receivers (N)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.set_ylim(bottom=0)
-    ax.legend()
-    return save_figure(fig, name)
+    """One panel of lines over the receiver count ``ns``; ``ylabel`` names the unit (see ``common.save_plot``)."""
+    styles = {k: "s:" for k in series if "floor" in k or "one transfer" in k}  # the raw baselines, dotted
+    return save_plot(name, title, plots.line(ns, series, ylabel, "receivers (N)", styles=styles))
 
 
 def main(argv=None):
@@ -338,7 +327,7 @@ def main(argv=None):
                    ns, {**{k: [v[n] for n in ns] for k, v in results.items()},
                         "copy floor (raw processes)": [floor[n] for n in ns],
                         "copy floor, one buffer (raw processes)": [floor_one[n] for n in ns],
-                        "TCP floor (raw processes)": [tcp_fl[n] for n in ns]}, "seconds (lower is better)")
+                        "TCP floor (raw processes)": [tcp_fl[n] for n in ns]}, "time, lower is better (s)")
     lo = min(ns)
     targets = [
         Target(f"N={top}: Ray object store time / rlinf shm time", ray_t[top] / shm[top], ">=", 1.0),

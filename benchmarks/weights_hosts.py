@@ -126,7 +126,7 @@ def main(argv=None):
     save_line_plot("weights-hosts", f"Broadcast of {args.size_mb} MiB to N hosts, {args.link_mbit} Mbit/s links",
                    ns, {"rlinf (chain)": [results[n]["rlinf"] for n in ns],
                         "torch gloo": [results[n]["gloo"] for n in ns],
-                        "one transfer (size / link rate)": [one for _ in ns]}, "seconds (lower is better)")
+                        "one transfer (size / link rate)": [one for _ in ns]}, "time, lower is better (s)")
     return [Target(f"across hosts, N={top}: torch gloo time / rlinf time", results[top]["gloo"] / results[top]["rlinf"],
                    ">=", 3.0),
             Target(f"across hosts, rlinf: time at N={top} / time at N={lo}", results[top]["rlinf"] / results[lo]["rlinf"],
