@@ -258,7 +258,7 @@ class Channel:
         """Append ``item`` to ``key``'s queue, waiting for room when the channel is bounded."""
         from ..transports import codec
 
-        header, buffers = codec.encode(item)
+        header, buffers = codec.encode(item, what=f"the item put on channel {self._name!r} (key {key!r})", root="item")
         timeout = None if async_op and timeout is None else config.resolve_timeout(timeout)
         ctrl = {"op": "put", "key": _check_key(key), "weight": float(weight), "timeout": timeout}
         result = self._call(ctrl, [header, *buffers], async_op, timeout, send_timeout=timeout)
@@ -269,7 +269,7 @@ class Channel:
         """Append or raise ``asyncio.QueueFull`` at once."""
         from ..transports import codec
 
-        header, buffers = codec.encode(item)
+        header, buffers = codec.encode(item, what=f"the item put on channel {self._name!r} (key {key!r})", root="item")
         self._call({"op": "put", "key": _check_key(key), "weight": float(weight), "nowait": True}, [header, *buffers],
                    timeout=NOWAIT_SEND, send_timeout=NOWAIT_SEND)
 
