@@ -125,7 +125,7 @@ def test_third_party_accelerator_plugin(tmp_path):
         "                              torch_device_type='xpu', collective_backend='xccl', device_count=lambda: 0)]\n"
     )
     code = (
-        "from rlinf.scheduler import accelerator as a\n"
+        "from rlinf.scheduler.plugins import accelerator as a\n"
         "k = a.for_resources({'XPU': 2, 'CPU': 4})\n"
         "env = a.device_env(k, (1, 0), None)\n"
         "print(k.name, k.torch_device_type, k.collective_backend, env['XPU_VISIBLE'])\n"

@@ -141,3 +141,43 @@ def test_cluster_config_tracer_section(traced, cluster, tmp_path):
         recorder.disable()
     events = [json.loads(line) for line in path.read_text().splitlines()]
     assert [e["ph"] for e in events if e["name"] == "prep" and e["pid"] == "tr_sync:0"] == ["B", "E"]
+
+
+PROGRAM = """
+import json, sys
+from rlinf.scheduler import Cluster, NodePlacementStrategy, Tracer, Worker
+
+class W(Worker):
+    def step(self):
+        with Tracer.trace_span("from_config", cat="actor"):
+            return 1
+
+cfg = {"num_nodes": 1, "component_placement": {"w": "0"},
+       "tracer": {"enable": True, "output_file": sys.argv[1]}}
+cluster = Cluster(cluster_cfg=cfg, num_cpus=1)
+g = W.create_group().launch(cluster, NodePlacementStrategy([0]), name="cfg_traced")
+print(json.dumps(g.step().wait()))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_cluster_cfg_tracer_section_writes_the_jsonl_at_exit(tmp_path):
+    """RLinf's ``cluster.tracer: {enable, output_file}`` through ``Cluster(cluster_cfg=...)`` of a program of its
+    own (its own embedded cluster): the worker's span is in the JSONL file written when the driver exits."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    out = tmp_path / "events.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RLINF_TRACE"))}
+    env["RLINF_RAY_TEMP_DIR"] = ray_dir = tempfile.mkdtemp(prefix="rlt")  # short: socket paths fit in 107 bytes
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROGRAM, str(out)], capture_output=True, text=True, env=env,
+                              timeout=110)
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    assert any(e.get("name") == "from_config" for e in events), events[:20]

@@ -5,41 +5,90 @@ run unchanged; launchers and transports are plugins (see ``plugins.hookspecs``).
 """
 
 from .base.address import WorkerAddress
-from .channel import Channel
-from .runtime.cluster import Cluster
-from .plugins.component_placement import ComponentPlacement, HybridComponentPlacement, PlacementMode
-from .base.errors import CommTimeoutError, CommunicationError, GroupNameError, LaunchError, PeerDiedError, PlacementError, PluginError, RlinfError, WorkerDiedError, WorkerError, WorkerMethodError
-from .runtime.group import WorkerGroup, WorkerGroupFuncResult
+from .base.errors import (
+    ClusterConfigError,
+    CommTimeoutError,
+    CommunicationError,
+    GroupNameError,
+    LaunchError,
+    PeerDiedError,
+    PlacementArgumentError,
+    PlacementError,
+    PluginError,
+    RlinfError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerMethodError,
+)
 from .base.info import WorkerInfo
+from .base.unpicklable import UnpicklableError
+from .channel import Channel, ChannelWorker, WeightedItem
+from .cluster import Cluster, ClusterConfig
+from .hardware import (
+    AcceleratorType,
+    AcceleratorUtil,
+    DOSW1HWInfo,
+    DualFrankaHWInfo,
+    FrankaHWInfo,
+    GimArmHWInfo,
+    HardwareInfo,
+    Turtle2HWInfo,
+)
+from .manager import Tracer
+from .placement import (
+    ComponentPlacement,
+    FlexiblePlacementStrategy,
+    HybridComponentPlacement,
+    NodePlacementStrategy,
+    PackedPlacementStrategy,
+    PlacementMode,
+    PlacementStrategy,
+)
 from .plugins.options import CollectiveGroupOptions
-from .plugins.placement import FlexiblePlacementStrategy, NodePlacementStrategy, PackedPlacementStrategy, PlacementStrategy
+from .runtime.group import WorkerGroup, WorkerGroupFuncResult
 from .worker import Worker
+from .worker.routing import (
+    CommMapper,
+    build_recv_plan,
+    build_route_channel_key,
+    build_send_key,
+    build_send_plan,
+    decoupled_build_recv_plan,
+    get_batch_size,
+    get_group_world_size,
+    infer_batch_size,
+    merge_batches,
+    split_batch,
+    split_channel_message,
+)
 
-__all__ = [
-    "Channel",
-    "Cluster",
-    "CollectiveGroupOptions",
+#: the names of RLinf's ``rlinf.scheduler.__all__`` (its main branch: 36), each with RLinf's signature
+RLINF_NAMES = (
+    "AcceleratorType", "AcceleratorUtil", "Channel", "ChannelWorker", "Cluster", "ClusterConfig",
+    "CollectiveGroupOptions", "CommMapper", "ComponentPlacement", "DOSW1HWInfo", "DualFrankaHWInfo",
+    "FlexiblePlacementStrategy", "FrankaHWInfo", "GimArmHWInfo", "HardwareInfo", "NodePlacementStrategy",
+    "PackedPlacementStrategy", "PlacementStrategy", "Tracer", "Turtle2HWInfo", "WeightedItem", "Worker",
+    "WorkerAddress", "WorkerGroupFuncResult", "WorkerInfo", "build_recv_plan", "build_route_channel_key",
+    "build_send_key", "build_send_plan", "decoupled_build_recv_plan", "get_batch_size", "get_group_world_size",
+    "infer_batch_size", "merge_batches", "split_batch", "split_channel_message",
+)
+
+__all__ = sorted(set(RLINF_NAMES) | {
+    "ClusterConfigError",
     "CommTimeoutError",
     "CommunicationError",
-    "ComponentPlacement",
-    "HybridComponentPlacement",
-    "PlacementMode",
-    "FlexiblePlacementStrategy",
     "GroupNameError",
+    "HybridComponentPlacement",
     "LaunchError",
-    "NodePlacementStrategy",
-    "PackedPlacementStrategy",
     "PeerDiedError",
+    "PlacementArgumentError",
     "PlacementError",
-    "PlacementStrategy",
+    "PlacementMode",
     "PluginError",
     "RlinfError",
-    "Worker",
-    "WorkerAddress",
+    "UnpicklableError",
     "WorkerDiedError",
     "WorkerError",
     "WorkerGroup",
-    "WorkerGroupFuncResult",
-    "WorkerInfo",
     "WorkerMethodError",
-]
+})

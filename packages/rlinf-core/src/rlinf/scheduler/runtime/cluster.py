@@ -246,6 +246,8 @@ class Cluster:
         self._nodes = all_nodes[:num_nodes] if num_nodes else all_nodes
         self._config = _parsed_config(self._cfg) if self._cfg is not None else None
         self._nodes = [_node_hardware(node, self._config) for node in self._nodes]
+        if self._cfg is not None:
+            tracing.on_cluster_config(self, self._cfg)  # RLinf's ``tracer`` section: record and write at exit
 
     @property
     def session(self) -> LauncherSession:
