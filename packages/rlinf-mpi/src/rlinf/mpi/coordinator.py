@@ -16,6 +16,17 @@ from rlinf.scheduler.base.errors import PlacementError
 from . import runtime, status
 
 
+#: the prefix of the worker group that hosts a channel (``Channel.create``)
+CHANNEL_PREFIX = "Channel."
+
+
+def describe(group: str) -> str:
+    """How a message names the holder of ranks: ``channel 'q'`` for a channel's host group, else ``group 'g'``."""
+    if group.startswith(CHANNEL_PREFIX):
+        return f"channel {group[len(CHANNEL_PREFIX):]!r}"
+    return f"group {group!r}"
+
+
 class Coordinator:
     def __init__(self, world: runtime.World):
         self._world = world
@@ -29,7 +40,12 @@ class Coordinator:
 
     # -- ranks ---------------------------------------------------------------------
     def allocate(self, group: str, node_ranks: Sequence[int]) -> list[int]:
-        """One free rank per worker, on the worker's node; all or nothing."""
+        """One free rank per worker of ``group``, on the worker's node; all or nothing.
+
+        ``node_ranks``: the node of each worker, in rank order.  Returns the MPI
+        ranks picked, in the same order.  Raises ``PlacementError`` when a node
+        has fewer free ranks than the group asks there; nothing is taken then.
+        """
         with self._lock:
             free: dict[int, list[int]] = {}
             for rank in sorted(self._slots):
@@ -38,11 +54,9 @@ class Coordinator:
             wanted: dict[int, int] = {}
             for node in node_ranks:
                 wanted[node] = wanted.get(node, 0) + 1
-            for node, count in sorted(wanted.items()):
-                have = len(free.get(node, []))
-                if count > have:
-                    total = sum(1 for n in self._slots.values() if n == node)
-                    raise PlacementError(self._shortage(group, node, count, have, total))
+            short = {node: count for node, count in sorted(wanted.items()) if count > len(free.get(node, []))}
+            if short:
+                raise PlacementError(self._shortage(group, wanted, free, short))
             picked = []
             for node in node_ranks:
                 rank = free[node].pop(0)
@@ -50,17 +64,39 @@ class Coordinator:
                 picked.append(rank)
             return picked
 
-    def _shortage(self, group: str, node: int, count: int, have: int, total: int) -> str:
-        busy = sorted({g for r, g in self._owner.items() if self._slots[r] == node})
-        how = (
-            f"run with more ranks (mpiexec -n {self._world.size + count - have} ...)"
-            if self._world.mode == "mpiexec"
-            else f"set {runtime.SLOTS_ENV} to at least {len(self._slots) + count - have}"
-        )
+    def _shortage(self, group: str, wanted: dict, free: dict, short: dict) -> str:
+        """One message: what asked, what the job has, what holds the ranks, and the ``-n`` that fits."""
+        node = next(iter(short))  # the first node that is short; the fix below covers every short node
+        count, have = wanted[node], len(free.get(node, []))
+        hosts = sum(1 for n in self._slots.values() if n == node)
+        deficit = sum(c - len(free.get(n, [])) for n, c in short.items())
+        multinode = len(set(self._slots.values()) | {0}) > 1
+        holders: dict[str, int] = {}
+        for rank, owner in sorted(self._owner.items()):
+            if self._slots[rank] == node:
+                holders[owner] = holders.get(owner, 0) + 1
+        used = hosts - have
+        if not holders:
+            in_use = ""
+        elif len(holders) == 1:
+            in_use = f", of which {used} {'is' if used == 1 else 'are'} in use by {describe(next(iter(holders)))}"
+        else:
+            parts = ", ".join(f"{n} by {describe(owner)}" for owner, n in holders.items())
+            in_use = f", of which {used} are in use ({parts})"
+        worker_ranks = f"{hosts} on node {node}" if multinode else f"{hosts}"
+        if self._world.mode == "mpiexec":
+            job = f"the job has {self._world.size} ranks (-n {self._world.size}): rank 0 runs the program"
+            fix = f"run with mpiexec -n {self._world.size + deficit}"
+            if multinode:
+                more = [f"{c - len(free.get(n, []))} more on node {n}" for n, c in short.items()]
+                fix += ", with " + " and ".join(more)
+        else:
+            job = f"the job has {self._world.size} ranks ({runtime.SLOTS_ENV}={len(self._slots)}): rank 0 runs the program"
+            fix = f"set {runtime.SLOTS_ENV}={len(self._slots) + deficit}"
         return (
-            f"group {group!r} needs {count} worker rank(s) on node {node} but only {have} of the job's {total} "
-            f"worker rank(s) there are free (groups holding ranks: {busy or 'none'}); each rank hosts one worker "
-            f"at a time and rank 0 runs the program: {how}, or stop groups that are done"
+            f"{describe(group)} needs {count} worker rank{'s' if count != 1 else ''}{f' on node {node}' if multinode else ''} "
+            f"but {'none is' if have == 0 else f'only {have} is' if have == 1 else f'only {have} are'} free: {job} and {worker_ranks} host one worker each"
+            f"{in_use}; {fix} (or stop groups that are done first)"
         )
 
     def release_ranks(self, ranks: Sequence[int]) -> None:

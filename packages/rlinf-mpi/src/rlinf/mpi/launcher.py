@@ -20,7 +20,7 @@ import cloudpickle
 
 from rlinf.scheduler.base import config, progress
 from rlinf.scheduler.plugins import watch
-from rlinf.scheduler.base.errors import GroupNameError, LaunchError, WorkerError
+from rlinf.scheduler.base.errors import GroupNameError, LaunchError, PlacementError, WorkerError
 from rlinf.scheduler.plugins.launcher import CallOutcome, Died, Launcher, LauncherSession, PendingCall, Rejected, from_wire
 from rlinf.scheduler.plugins.placement import NodeInfo
 
@@ -178,7 +178,10 @@ class MpiSession(LauncherSession):
         deadline = time.monotonic() + timeout
         # made before ranks are taken: a bad RLINF_PROGRESS_AFTER or _EVERY must not leave them taken
         line = progress.Progress()
-        ranks = self._coordinator("allocate", (group, [s.node.node_rank for s in specs]))
+        try:
+            ranks = self._coordinator("allocate", (group, [s.node.node_rank for s in specs]))
+        except PlacementError as exc:  # raised afresh: the caller's traceback ends here, not in the bookkeeping
+            raise PlacementError(str(exc)) from None
         started: list[int] = []
         try:
             port = self._service.call(ranks[0], "reserve_port", None, timeout=timeout)
