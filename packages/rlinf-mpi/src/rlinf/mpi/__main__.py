@@ -2,7 +2,10 @@
 
 Rank 0 runs ``program.py`` (or ``-m module``) as ``__main__`` with the launcher
 set to ``mpi``; every other rank hosts workers until the program ends.  The
-exit status is the program's; when it ends, every rank exits.
+exit status is the program's; when it ends, every rank exits.  A launch the
+job has no room for (``PlacementError``, or a ``LaunchError`` before any worker
+code ran) is printed as one line naming the program's line that asked; any
+other error with its traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +16,36 @@ import runpy
 import sys
 
 USAGE = "usage: mpiexec -n N python -m rlinf.mpi program.py [args ...]  |  -m module [args ...]"
+
+
+def _is_placement_refusal(exc: BaseException) -> bool:
+    """True for a launch refused before any of its workers ran (no ranks, a bad placement, a start timeout).
+
+    Those say all there is to say in their message; a failure inside a
+    worker (it carries the worker's traceback) is not one of them.
+    """
+    from rlinf.scheduler.base.errors import LaunchError, PlacementError
+
+    if isinstance(exc, PlacementError):
+        return True
+    return isinstance(exc, LaunchError) and not exc.remote_traceback
+
+
+def _one_line(exc: BaseException) -> str:
+    """``rlinf.mpi: program.py:12: PlacementError: <message>``: the program's line that asked, not rlinf's frames."""
+    import rlinf
+
+    internal = tuple(os.path.abspath(p) + os.sep for p in rlinf.__path__)
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:  # the innermost frame of the program's own code (not rlinf's, not runpy's)
+        filename = tb.tb_frame.f_code.co_filename
+        path = os.path.abspath(filename)
+        if not filename.startswith("<") and os.path.basename(path) != "runpy.py" and not path.startswith(internal):
+            relative = os.path.relpath(path)
+            where = f"{path if relative.startswith('..') else relative}:{tb.tb_lineno}: "
+        tb = tb.tb_next
+    return f"rlinf.mpi: {where}{type(exc).__name__}: {exc}"
 
 
 def _run_program(argv: list[str]) -> int:
@@ -34,10 +67,13 @@ def _run_program(argv: list[str]) -> int:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
-    except BaseException:
-        import traceback
+    except BaseException as exc:
+        if _is_placement_refusal(exc):
+            print(_one_line(exc), file=sys.stderr)
+        else:
+            import traceback
 
-        traceback.print_exc()
+            traceback.print_exc()
         code = 1
     finally:
         end_job()
