@@ -61,6 +61,7 @@ def test_status_lists_groups_calls_and_channels(cluster, launch):
     ch = Channel.create("status_chan")
     for i in range(3):
         ch.put(i, key="full")
+    ch.put("t", key=("a", 1))  # a tuple key, shown as Python writes it
     parked = sync.park(ch, "empty")  # a getter parked on the host until the item below arrives
     napping = [aio.nap(30), aio.nap(30)]  # two concurrent calls on one async worker
     _until_running(sync, ["park"])
@@ -82,6 +83,7 @@ def test_status_lists_groups_calls_and_channels(cluster, launch):
     chans = {c["name"]: c for c in snap["channels"]}
     keys = {k["key"]: k for k in chans["status_chan"]["keys"]}
     assert keys["'full'"]["items"] == 3 and keys["'empty'"]["getters"] == 1, keys
+    assert keys["('a', 1)"]["items"] == 1, keys
     assert chans["status_chan"]["host"]["alive"] is True
 
     # the readable form, and the worker still answers the status while its call keeps running

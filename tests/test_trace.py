@@ -160,7 +160,7 @@ def test_two_groups_p2p_and_a_channel_on_one_timeline(cluster, pair, tmp_path):
 
     # channel operations: key and wait time
     put, get = _one(p_ev, "channel.put"), _one(c_ev, "channel.get")
-    assert put["args"]["key"] == "'k1'" and get["args"]["key"] == "'k1'"
+    assert put["args"]["key"] == "k1" and get["args"]["key"] == "k1"  # a str key as itself, no quotes
     assert put["args"]["channel"] == f"trace{tag}" and get["args"]["wait_ms"] >= 0
     assert put["ts"] <= get["ts"] + get["dur"]
 

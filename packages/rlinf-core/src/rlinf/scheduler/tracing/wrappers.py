@@ -11,6 +11,7 @@ import contextlib
 import functools
 import itertools
 
+from ..messaging.channel.keys import plain_key
 from . import recorder as _recorder
 from .recorder import _local, clock, record, what
 
@@ -323,6 +324,15 @@ def _broadcast_take(fn):
 
 
 # -- channels ----------------------------------------------------------------------------------
+def _plain_key(key) -> str:
+    """The key as the timeline labels it (``default_queue``, ``('a', 1)``); an unhashable one, which the call
+    itself refuses, as its repr."""
+    try:
+        return plain_key(key)
+    except TypeError:
+        return repr(key)
+
+
 def _channel(fn):
     key_at, async_at = _CHANNEL_ARGS[fn.__name__]
     name = fn.__name__
@@ -330,7 +340,7 @@ def _channel(fn):
     @functools.wraps(fn)
     def traced_channel(self, *args, **kwargs):
         key = _arg(args, kwargs, key_at, "key", "default_queue")
-        info = {"channel": self._name, "key": repr(key)}
+        info = {"channel": self._name, "key": _plain_key(key)}
         start = clock()
         if async_at is not None and _arg(args, kwargs, async_at, "async_op", False):
             work = fn(self, *args, **kwargs)

@@ -54,5 +54,38 @@ def replica_of(token: str, replicas: int) -> int:
 
 
 def show_key(token: str) -> str:
-    """A token as error messages show it."""
-    return token[1:] if token.startswith("\x1f") else repr(token)
+    """A token as people read a key, in messages and ``status``: ``'default_queue'``, ``('a', 1)``, ``3``."""
+    if not token.startswith("\x1f"):
+        return repr(token)
+    try:
+        return _shown(json.loads(token[1:]))
+    except (ValueError, TypeError, IndexError, KeyError):  # not a token this module made: as it is
+        return token[1:]
+
+
+def plain_key(key) -> str:
+    """A key as the timeline labels it: a ``str`` as itself (no quotes), any other key as ``show_key`` shows it."""
+    return key if type(key) is str else show_key(key_token(key))
+
+
+def _shown(canon) -> str:
+    """The Python-like text of a canonical value (``_canonical``'s inverse, for display)."""
+    if isinstance(canon, str):
+        return repr(canon)
+    tag = canon[0]
+    if tag == "i":
+        return str(canon[1])
+    if tag == "f":
+        return repr(float.fromhex(canon[1]))
+    if tag == "n":
+        return "None"
+    if tag == "b":
+        return repr(bytes.fromhex(canon[1]))
+    if tag == "t":
+        items = [_shown(v) for v in canon[1]]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if tag == "s":
+        return "frozenset({" + ", ".join(_shown(v) for v in canon[1]) + "})"
+    if tag == "e":
+        return f"{canon[1].rsplit('.', 1)[-1]}.{canon[2]}"
+    return canon[2]  # "o": the value's repr
