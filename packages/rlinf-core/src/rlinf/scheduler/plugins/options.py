@@ -21,6 +21,10 @@ LINK_FIELDS = ACCEL_FIELDS[:4]
 class CollectiveGroupOptions:
     """Transport options for a pair of workers.
 
+    The fields are RLinf's (``accel_cluster_size``, ``accel_max_ctas``,
+    ``accel_min_ctas``, ``is_high_priority_stream``, ``use_ring_broadcast``, in
+    RLinf's order), then rlinf's own ``transport`` and ``timeout``.
+
     ``transport`` names the transport plugin to use (``None``: the
     ``RLINF_TRANSPORT`` environment variable, else the best usable one for the
     tensors' device).  Both ends of a pair must agree; a mismatch is an error.
@@ -35,15 +39,20 @@ class CollectiveGroupOptions:
     out of range (``accel_max_ctas=64``) fails the call with a ``ValueError``
     before anything is sent.  ``use_ring_broadcast`` is a
     hint for ``broadcast``, which sends from the source to each member.
+    ``timeout`` (seconds) bounds a call that passes these options and no ``timeout`` of its own.
+
+    Raises:
+        ValueError: a field of the wrong type or out of range, or ``accel_min_ctas > accel_max_ctas``.
     """
 
-    transport: Optional[str] = None
-    timeout: Optional[float] = None
+    # RLinf's fields, in RLinf's order (so positional arguments mean the same), then rlinf's own
+    accel_cluster_size: Optional[int] = None
     accel_max_ctas: Optional[int] = None
     accel_min_ctas: Optional[int] = None
-    accel_cluster_size: Optional[int] = None
     is_high_priority_stream: bool = False
     use_ring_broadcast: bool = False
+    transport: Optional[str] = None
+    timeout: Optional[float] = None
 
     def __post_init__(self):
         if self.transport is not None and (not isinstance(self.transport, str) or not self.transport):
