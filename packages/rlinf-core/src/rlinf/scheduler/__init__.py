@@ -63,7 +63,7 @@ from .worker.routing import (
 )
 
 #: the names of RLinf's ``rlinf.scheduler.__all__`` (its main branch: 36), each with RLinf's signature
-RLINF_NAMES = (
+NAMES_FROM_RLINF = (
     "AcceleratorType", "AcceleratorUtil", "Channel", "ChannelWorker", "Cluster", "ClusterConfig",
     "CollectiveGroupOptions", "CommMapper", "ComponentPlacement", "DOSW1HWInfo", "DualFrankaHWInfo",
     "FlexiblePlacementStrategy", "FrankaHWInfo", "GimArmHWInfo", "HardwareInfo", "NodePlacementStrategy",
@@ -73,7 +73,7 @@ RLINF_NAMES = (
     "infer_batch_size", "merge_batches", "split_batch", "split_channel_message",
 )
 
-__all__ = sorted(set(RLINF_NAMES) | {
+__all__ = sorted(set(NAMES_FROM_RLINF) | {
     "ClusterConfigError",
     "CommTimeoutError",
     "CommunicationError",

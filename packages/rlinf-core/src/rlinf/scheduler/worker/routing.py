@@ -316,10 +316,13 @@ def build_send_plan(
     """The shards ``src_rank`` sends in coupled routing: one ``RouteEntry`` per destination rank.
 
     Args:
-        src_group_name, dst_group_name: the two groups (they go into the keys).
+        src_group_name: the two groups (they go into the keys).
+        dst_group_name: the two groups (they go into the keys).
         src_rank: the sending rank.
-        src_world_size, dst_world_size: the groups' sizes.
-        tag, route_key: separate streams (see ``build_route_channel_key``).
+        src_world_size: the groups' sizes.
+        dst_world_size: the groups' sizes.
+        tag: separate streams (see ``build_route_channel_key``).
+        route_key: separate streams (see ``build_route_channel_key``).
         batch_size: the logical batch size over the whole source group.
 
     Raises:
@@ -354,10 +357,13 @@ def build_recv_plan(
     in source-rank order (merging them in that order restores the destination's items).
 
     Args:
-        src_group_name, dst_group_name: the two groups (they go into the keys).
+        src_group_name: the two groups (they go into the keys).
+        dst_group_name: the two groups (they go into the keys).
         dst_rank: the receiving rank.
-        src_world_size, dst_world_size: the groups' sizes.
-        tag, route_key: separate streams (see ``build_route_channel_key``).
+        src_world_size: the groups' sizes.
+        dst_world_size: the groups' sizes.
+        tag: separate streams (see ``build_route_channel_key``).
+        route_key: separate streams (see ``build_route_channel_key``).
         batch_size: the logical batch size over the whole group (as in the send plan).
 
     Raises:
@@ -400,10 +406,13 @@ def decoupled_build_send_plan(
     are then the last shard's.
 
     Args:
-        src_group_name, dst_group_name: the two groups (they go into the keys).
+        src_group_name: the two groups (they go into the keys).
+        dst_group_name: the two groups (they go into the keys).
         src_rank: this rank, encoded in the messages of a first leg.
-        src_world_size, dst_world_size: the groups' sizes.
-        tag, route_key: separate streams (see ``build_route_channel_key``).
+        src_world_size: the groups' sizes.
+        dst_world_size: the groups' sizes.
+        tag: separate streams (see ``build_route_channel_key``).
+        route_key: separate streams (see ``build_route_channel_key``).
         batch_size: the logical batch size over the whole group.
         mode: a phase name written into the messages (``"train"``, ``"eval"``).
         tag_batch_router: the messages of the shards being answered, in order.
@@ -452,10 +461,13 @@ def decoupled_build_recv_plan(
     RLinf's callers pass them.
 
     Args:
-        src_group_name, dst_group_name: the two groups (they go into the keys).
+        src_group_name: the two groups (they go into the keys).
+        dst_group_name: the two groups (they go into the keys).
         recv_rank: the rank answers are addressed to, or ``None``.
-        src_world_size, dst_world_size: see above.
-        tag, route_key: separate streams (see ``build_route_channel_key``).
+        src_world_size: see above.
+        dst_world_size: see above.
+        tag: separate streams (see ``build_route_channel_key``).
+        route_key: separate streams (see ``build_route_channel_key``).
         batch_size: the logical batch size over the whole group.
         recv_queue_size: as ``queue_size`` of ``CommMapper.decoupled_get_batch_size``.
 
