@@ -104,3 +104,66 @@ def test_node_placement_within_node_groups():
         NodePlacementStrategy([0], node_group_label=["a", "c"]).get_placement(LABELLED)
     with pytest.raises(ValueError, match=r"asks for node 2, but node group\(s\) \['a'\] have 2 node"):
         NodePlacementStrategy([2], node_group_label="a").get_placement(LABELLED)
+
+
+def _robots(node_rank, count):
+    from rlinf.scheduler.plugins.hardware import HardwareInfo, HardwareResource
+    return HardwareResource("Franka", [HardwareInfo("Franka", f"arm{node_rank}.{i}") for i in range(count)])
+
+
+# node 0: 4 GPUs (group "gpu"); node 1: 2 GPUs and 3 robots (groups "gpu" and "arms"); node 2: CPU only ("cpu")
+GROUPED = [
+    NodeInfo(0, "10.0.0.1", 4, node_labels=("gpu",)),
+    NodeInfo(1, "10.0.0.2", 2, node_labels=("gpu", "arms"), hardware_resources=(_robots(1, 3),),
+             node_group_hardware=(("arms", "Franka"),)),
+    NodeInfo(2, "10.0.0.3", 0, node_labels=("cpu",)),
+]
+
+
+def test_packed_within_node_groups_counts_the_groups_hardware():
+    ps = PackedPlacementStrategy(3, 5, node_group="gpu").get_placement(GROUPED)  # group-local accelerator ranks
+    assert [(p.node_rank, p.local_gpu_ids, p.gpu_ids) for p in ps] == [(0, (3,), (3,)), (1, (0,), (4,)), (1, (1,), (5,))]
+    assert {p.node_group_label for p in ps} == {"gpu"} and ps[0].hardware_type == "Accelerator"
+    arms = PackedPlacementStrategy(0, 2, node_group="arms").get_placement(GROUPED)  # the group's robots
+    assert [(p.node_rank, p.gpu_ids, p.local_hardware_ranks) for p in arms] == [(1, (), (0,)), (1, (), (1,)), (1, (), (2,))]
+    assert [p.hardware_infos[0].model for p in arms] == ["arm1.0", "arm1.1", "arm1.2"]
+    both = PackedPlacementStrategy(0, 3, node_group=["arms", "gpu"]).get_placement(GROUPED)
+    assert [(p.node_group_label, p.hardware_type, p.local_hardware_ranks) for p in both] == [
+        ("arms", "Franka", (0,)), ("arms", "Franka", (1,)), ("arms", "Franka", (2,)), ("gpu", "Accelerator", (0,))]
+    assert repr(PackedPlacementStrategy(0, 1, node_group="arms")).endswith("stride=1, node_group='arms')")
+
+
+def test_packed_within_node_groups_refusals():
+    with pytest.raises(PlacementError, match=r"hardware rank 6, but node group\(s\) \['gpu'\] have 6"):
+        PackedPlacementStrategy(0, 6, node_group="gpu").get_placement(GROUPED)
+    with pytest.raises(PlacementError, match="span nodes"):
+        PackedPlacementStrategy(3, 4, num_hardware_per_process=2, node_group="gpu").get_placement(GROUPED)
+    with pytest.raises(AssertionError, match="node group 'cpu' has no hardware"):
+        PackedPlacementStrategy(0, 0, node_group="cpu").get_placement(GROUPED)
+    with pytest.raises(PlacementError, match="node group 'tpu' not found"):
+        PackedPlacementStrategy(0, 0, node_group="tpu").get_placement(GROUPED)
+    with pytest.raises(PlacementError, match="different node groups or kinds"):
+        FlexiblePlacementStrategy([[2, 7]], node_group_label=["arms", "gpu"]).get_placement(GROUPED)  # both node 1
+    with pytest.raises(ValueError, match="node_group must name node groups"):
+        PackedPlacementStrategy(0, 0, node_group=[])
+
+
+def test_flexible_within_node_groups():
+    ps = FlexiblePlacementStrategy([[4, 5], [0]], node_group_label="gpu").get_placement(GROUPED)
+    assert [(p.node_rank, p.local_gpu_ids, p.gpu_ids) for p in ps] == [(1, (0, 1), (4, 5)), (0, (0,), (0,))]
+    cpu = FlexiblePlacementStrategy([[0], [1]], node_group_label=["cpu", "arms"]).get_placement(GROUPED)
+    assert [(p.node_rank, p.gpu_ids, p.hardware_type, p.node_group_label) for p in cpu] == [
+        (2, (), "", "cpu"), (1, (), "Franka", "arms")]  # a CPU group's ranks are its nodes
+    assert repr(FlexiblePlacementStrategy([[0]], node_group_label=["cpu", "arms"])) == (
+        "FlexiblePlacementStrategy([[0]], node_group_label=['cpu', 'arms'])")
+    with pytest.raises(PlacementError, match="more than one process"):
+        FlexiblePlacementStrategy([[0], [0]], node_group_label="arms").get_placement(GROUPED)
+    with pytest.raises(PlacementError, match="share the Accelerator hardware of nodes"):
+        FlexiblePlacementStrategy([[0]], node_group_label=["gpu", "cluster"]).get_placement(GROUPED)
+
+
+def test_global_ranks_carry_the_accelerator_infos():
+    from rlinf.scheduler.plugins.hardware import accelerator_resource
+    nodes = [NodeInfo(0, "10.0.0.1", 2, hardware_resources=(accelerator_resource(2, "nvidia", "NV_GPU"),))]
+    (p,) = PackedPlacementStrategy(1, 1).get_placement(nodes)
+    assert p.local_hardware_ranks == (1,) and p.hardware_infos[0].model == "NV_GPU:nvidia"
