@@ -15,6 +15,10 @@ class WorkerInfo:
     ``node_id`` is the node's rank in the cluster (node 0 first), ``gpu_id`` the
     first global accelerator rank given to the worker (``None`` on CPU), and
     ``available_gpus`` the CUDA device ids the worker can see (``[]`` on CPU).
+    RLinf's fields are all here (``cluster_node_rank``, ``available_accelerators``
+    and ``num_accelerators`` as properties over the seed's); the ones added
+    after the seed's have defaults, so a record built with the seed's fields
+    only is valid.
     """
 
     address: WorkerAddress
@@ -30,6 +34,15 @@ class WorkerInfo:
     local_rank: int = 0
     local_world_size: int = 1
     accelerator_type: str = "NO_ACCEL"
+    #: the accelerator's model as the node reports it ("" when unknown)
+    accelerator_model: str = ""
+    #: the node-local index of the worker's first accelerator (-1 without one); RLinf's ``accelerator_rank``
+    accelerator_rank: int = -1
+    #: a port the worker's node offers it (0 when none was reserved); RLinf's ``node_port``
+    node_port: int = 0
+    #: ``HardwareInfo`` records of the hardware the worker was placed on (its robots or accelerators, from
+    #: the cluster's node records: ``WorkerPlacement.hardware_infos``); ``[]`` when none or unknown
+    hardware_infos: list = field(default_factory=list)
 
     @property
     def cluster_node_rank(self) -> int:
