@@ -22,6 +22,9 @@ answer can be routed back (``split_channel_message``).
 src_rank, dst_rank)``; ``CommMapper.build_channel_key`` gives the
 ``"{src}_{dst}_{extra}"`` strings of fixed rank pairs.
 
+``GroupRouteBinding`` and ``balanced_group_id`` (which rollout rank serves which env
+ranks) live in ``.route_binding`` and are re-exported here too.
+
 The batch helpers (``split_batch``, ``merge_batches``, ...) live in ``.batching`` and
 are re-exported here, where RLinf has them.
 """
@@ -41,14 +44,15 @@ from .batching import (
     split_batch,
     validate_batch_size,
 )
+from .route_binding import GroupRouteBinding, balanced_group_id
 
 ROUTING_KEY_PREFIX = "scheduler_route"
 ROUTING_DEFAULT_TAG = "default"
 
 __all__ = [
-    "BatchSplitError", "CommMapper", "DecoupledRouteEntry", "ROUTING_DEFAULT_TAG",
+    "BatchSplitError", "CommMapper", "DecoupledRouteEntry", "GroupRouteBinding", "ROUTING_DEFAULT_TAG",
     "ROUTING_KEY_PREFIX", "RouteEntry", "RoutePlan", "RouteSizeError", "build_recv_plan",
-    "build_route_channel_key", "build_send_key", "build_send_plan", "decoupled_build_recv_plan",
+    "balanced_group_id", "build_route_channel_key", "build_send_key", "build_send_plan", "decoupled_build_recv_plan",
     "decoupled_build_send_plan", "get_batch_size", "get_group_info", "get_group_world_size",
     "infer_batch_size", "merge_batches", "normalize_route_key", "normalize_route_tag",
     "split_batch", "split_channel_message", "validate_batch_size",
