@@ -103,6 +103,9 @@ def test_cli_lists_accelerators():
     assert "env=CUDA_VISIBLE_DEVICES" in rows["nvidia"] and "backend=nccl" in rows["nvidia"]
     assert "env=HIP_VISIBLE_DEVICES" in rows["amd"]
     assert "ray=NPU" in rows["ascend"] and "backend=hccl" in rows["ascend"]
+    # installed, but of no use on a machine without their devices: not listed as usable here
+    for name in ("amd", "ascend"):
+        assert " no " in rows[name] and "no such device on this machine" in rows[name], rows[name]
 
 
 # -- a real Ray cluster advertising GPUs ----------------------------------------------------------

@@ -601,6 +601,7 @@ def test_env_var_trace_under_mpiexec(tmp_path):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=200)
     assert proc.returncode == 0 and "RESULT ['ping', 'pong']" in proc.stdout, proc.stdout[-4000:]
     trace = _load(out_path)  # written by the driver (rank 0) at exit
+    assert f"rlinf: trace written to {out_path}" in proc.stdout, proc.stdout[-2000:]  # the user is told where
     procs = _processes(trace)
     p0, p1 = _events(trace, procs["mpitrace:0 @ node 0"]), _events(trace, procs["mpitrace:1 @ node 0"])
     assert _one(p0, "bounce")["cat"] == "run" and _one(p1, "bounce")["cat"] == "run"

@@ -17,7 +17,7 @@ def _plugins() -> int:
         registry = get_registry()
     rows = [("NAME", "KIND", "DISTRIBUTION", "VERSION", "PRIORITY", "USABLE", "REASON")]
     for p in sorted(registry.all_provided(), key=lambda p: (p.kind, -p.descriptor.priority, p.name)):
-        reason = p.unusable_reason()
+        reason = p.unusable_reason() or _absent(p)
         extra = _details(p)
         rows.append((p.name, p.kind + extra, p.source.distribution, p.source.version, str(p.descriptor.priority),
                      "no" if reason else "yes", reason or ""))
@@ -29,6 +29,16 @@ def _plugins() -> int:
     if not registry.autoload:
         print("(plugin autoloading is off: RLINF_PLUGINS_AUTOLOAD=0)")
     return 0
+
+
+def _absent(p) -> str:
+    """Why an installed accelerator kind is of no use on this machine: it has none of its devices."""
+    if p.kind != "accelerator":
+        return ""
+    try:
+        return "" if int(p.descriptor.device_count()) > 0 else "no such device on this machine"
+    except Exception as exc:
+        return f"cannot count its devices: {type(exc).__name__}: {exc}"
 
 
 def _details(p) -> str:

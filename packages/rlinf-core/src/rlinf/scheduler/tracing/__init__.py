@@ -138,9 +138,11 @@ def _write_at_exit(path) -> None:
         return
     for target in paths:
         try:
-            _write(target, trace)
+            written = _write(target, trace)
         except Exception as exc:
             print(f"rlinf: could not write the trace to {target}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        else:  # the program named the file in a variable or a config, not in a call: say where it went
+            print(f"rlinf: trace written to {written or target}", file=sys.stderr)
 
 
 def write_snapshot(session, path: str, drain: bool) -> str:
