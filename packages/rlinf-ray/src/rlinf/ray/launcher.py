@@ -20,8 +20,10 @@ so no group outlives its driver.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -54,6 +56,8 @@ def _prepare_environment(address: Optional[str]) -> None:
         # on by default and invite the user to turn it off
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(24)
         os.environ["RAY_AUTH_MODE"] = "token"
+    if not sys.stderr.isatty():  # worker lines forwarded to a file or a pipe: no terminal colour codes in them
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
 def _ray_resource(node: NodeInfo) -> str:
@@ -189,10 +193,22 @@ class RaySession(LauncherSession):
         return [RayHandle(actor, rank) for rank, actor in enumerate(launched[0])]
 
     def lookup_group(self, name: str) -> Optional[GroupRecord]:
-        return self._ray.get(self._registry.lookup.remote(name), timeout=_REGISTRY_TIMEOUT)
+        return self._registry_answer(self._registry.lookup.remote(name))
 
     def list_groups(self) -> list[str]:
-        return self._ray.get(self._registry.names.remote(), timeout=_REGISTRY_TIMEOUT)
+        return self._registry_answer(self._registry.names.remote())
+
+    def _registry_answer(self, ref):
+        """The registry's answer to ``ref``.  Called from an async worker's event loop (its first send to a
+        peer group, or first use of a channel, in an ``async def`` method), the wait is a registry round trip
+        (about a millisecond, once per group: the answer is cached), taken through the reference's future, so
+        that Ray does not warn about a blocking ``ray.get`` inside an async actor, a warning meant for long
+        waits (Ray gives it for any ``ray.get`` in an async actor, on any thread)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs in this thread: the plain call
+            return self._ray.get(ref, timeout=_REGISTRY_TIMEOUT)
+        return ref.future().result(timeout=_REGISTRY_TIMEOUT)
 
     # -- workers --------------------------------------------------------------------
     def start_workers(self, specs, payload, timeout):
