@@ -188,18 +188,30 @@ class Cluster:
     (an embedded one cannot: too few nodes is an error at once); ``None`` or 0: every alive
     node.  ``cluster_cfg``: RLinf's ``cluster`` section (``num_nodes``,
     ``component_placement``, ``node_groups``), a dict or an OmegaConf object.
+    ``distributed_log_dir``: a directory (created if needed) where every
+    worker launched afterwards from this process also writes its log lines,
+    one file per worker, ``<dir>/<worker address>.log`` (RLinf splits each
+    worker's Ray log into ``<dir>/<group>/rank_<rank>.log``).
     ``launcher``: the launcher plugin's name.  Other keywords go to the
     launcher (for Ray: ``address``, ``temp_dir``, ``num_cpus``, ...).
+
+    Raises:
+        ValueError: a bad ``num_nodes``, a ``cluster_cfg`` that disagrees with it, too few nodes where none
+            can join.
+        ClusterConfigError: an invalid ``cluster_cfg`` (before connecting).
+        TypeError: ``distributed_log_dir`` is not a path, ``cluster_cfg`` not a mapping.
+        TimeoutError: fewer than ``num_nodes`` nodes joined in time.
     """
 
     def __init__(
         self,
         num_nodes: Optional[int] = None,
         cluster_cfg: Any = None,
+        distributed_log_dir: Optional[str] = None,
         launcher: Optional[str] = None,
         **options,
     ):
-        worker_logging.take_cluster_options(options)  # distributed_log_dir=
+        worker_logging.take_cluster_options({"distributed_log_dir": distributed_log_dir})
         if num_nodes is not None and (isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0):
             raise ValueError(f"num_nodes must be a non-negative int, got {num_nodes!r}")
         cfg = _plain_config(cluster_cfg) if cluster_cfg is not None else None

@@ -81,9 +81,48 @@ class Worker:
         """Whether this worker was given an accelerator (RLinf's ``Worker.has_accelerator``)."""
         return accelerator.detect()[0] != "NO_ACCEL"
 
-    def __init__(self):
+    def __init__(self, parent_address: Optional[WorkerAddress] = None, world_size: Optional[int] = None,
+                 rank: Optional[int] = None):
+        """Set up the worker's identity: rank, world size, address, info and logger.
+
+        A worker launched in a group takes all of it from its launcher; subclasses call
+        ``super().__init__()``.  RLinf's optional arguments describe a worker that another worker started
+        itself (a process it spawned, as RLinf's SGLang/vLLM schedulers are): given all three, this
+        worker is rank ``rank`` of ``world_size`` with address ``parent_address.get_child_address(rank)``,
+        on its parent's node when built inside a worker process.  Such a worker is an identity for
+        logging and ``worker_address``; it is not registered for ``send``/``recv``.  Given only some of
+        them, they are ignored, as in RLinf (a launched worker keeps its launcher's identity).
+
+        Args:
+            parent_address: the address of the worker that started this one.
+            world_size: how many such workers the parent started.
+            rank: this worker's rank among them.
+
+        Raises:
+            TypeError: ``parent_address`` is not a ``WorkerAddress``, or ``world_size``/``rank`` not ints.
+            ValueError: ``world_size < 1`` or ``rank`` outside ``0..world_size-1``.
+        """
+        own = parent_address is not None and world_size is not None and rank is not None
+        if own:
+            if not isinstance(parent_address, WorkerAddress):
+                raise TypeError(f"parent_address must be a WorkerAddress, got {type(parent_address).__name__}")
+            for name, value in (("world_size", world_size), ("rank", rank)):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise TypeError(f"{name} must be an int, got {value!r}")
+            if world_size < 1 or not 0 <= rank < world_size:
+                raise ValueError(f"rank {rank} and world_size {world_size}: need 0 <= rank < world_size")
         ctx = context.current()
-        if ctx is None:  # built outside a group (a unit test, the driver): a group of one
+        if own:
+            import dataclasses
+            import os
+
+            address = parent_address.get_child_address(rank)
+            self._rank, self._world_size, self._worker_address = rank, world_size, address
+            base = ctx.info if ctx is not None else WorkerInfo(
+                address=address, rank=rank, node_id=0, gpu_id=None, node_ip="127.0.0.1")
+            self._worker_info = dataclasses.replace(base, address=address, rank=rank, group_world_size=world_size,
+                                                    pid=os.getpid())
+        elif ctx is None:  # built outside a group (a unit test, the driver): a group of one
             address = WorkerAddress(f"Local_{type(self).__name__}", 0)
             self._rank, self._world_size = 0, 1
             self._worker_address = address
