@@ -163,3 +163,16 @@ def test_node_group_label_placement_on_the_shared_cluster(arm_cluster):
         Where.create_group().launch(arm_cluster, NodePlacementStrategy([0], node_group_label="gpu"), name="ng_gpu")
     with pytest.raises(AssertionError, match=r"asks for node 1, but node group\(s\) \['cpu'\] have 1 node"):
         Where.create_group().launch(arm_cluster, NodePlacementStrategy([1], node_group_label="cpu"), name="ng_cpu")
+
+
+def test_flexible_and_packed_node_groups_on_the_shared_cluster(arm_cluster):
+    from rlinf.scheduler import FlexiblePlacementStrategy, PackedPlacementStrategy
+
+    g = Where.create_group().launch(arm_cluster, FlexiblePlacementStrategy([[0]], node_group_label="cpu"),
+                                    name="ng_flex_cpu")  # a CPU-only group: its ranks are its nodes
+    try:
+        assert g.node().wait(timeout=60) == [0]
+    finally:
+        WorkerGroup.stop(g)
+    with pytest.raises(AssertionError, match="node group 'cpu' has no hardware"):
+        Where.create_group().launch(arm_cluster, PackedPlacementStrategy(0, 0, node_group="cpu"), name="ng_packed")
