@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlinf.scheduler import (
+    Channel,
     CollectiveGroupOptions,
     CommunicationError,
     NodePlacementStrategy,
@@ -156,10 +157,13 @@ def test_unpicklable_object_fails_on_both_ends_at_once(pair):
     assert "failed to serialize" in text and waited < 30
 
 
-def test_unknown_group_and_rank(pair):
+def test_unknown_group_and_rank(pair, cluster):
     a, _ = pair
-    with pytest.raises(WorkerMethodError, match="no group named 'nosuchgroup'"):
+    Channel.create("p2p_listed", cluster=cluster)
+    with pytest.raises(WorkerMethodError, match="no group named 'nosuchgroup'") as info:
         run_on(a, 0, lambda w: w.send(1, "nosuchgroup", 0)).wait()
+    # the user's groups, then the channels by their names: a channel's host is no group of the user's
+    assert "channels ['p2p_listed']" in str(info.value) and "Channel.p2p_listed" not in str(info.value), info.value
     with pytest.raises(WorkerMethodError, match="rank 7 is out of range for group 'p2p_b' of 2"):
         run_on(a, 0, lambda w: w.recv("p2p_b", 7)).wait()
 

@@ -47,6 +47,19 @@ def validate_group_name(name: str) -> str:
     return name
 
 
+#: the group that hosts channel ``name`` is named ``CHANNEL_HOST_PREFIX + name``
+CHANNEL_HOST_PREFIX = "Channel."
+
+
+def describe_running(names) -> str:
+    """The running groups as a person reads them: the user's groups, then the channels (whose hosts are
+    groups only inside rlinf), e.g. ``groups ['actor', 'rollout'], channels ['queue']``."""
+    names = sorted(names)
+    groups = [n for n in names if not n.startswith(CHANNEL_HOST_PREFIX)]
+    channels = [n[len(CHANNEL_HOST_PREFIX):] for n in names if n.startswith(CHANNEL_HOST_PREFIX)]
+    return f"groups {groups}" + (f", channels {channels}" if channels else "")
+
+
 class WorkerAddress:
     """The cluster-wide name of one worker: a root group name and a rank path."""
 

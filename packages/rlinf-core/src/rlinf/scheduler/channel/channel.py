@@ -18,7 +18,7 @@ import weakref
 from typing import Any, Optional
 
 from ..base import config, lifecycle
-from ..base.address import validate_group_name
+from ..base.address import CHANNEL_HOST_PREFIX, validate_group_name
 from ..runtime.cluster import Cluster
 from ..plugins.launcher import current_session
 from ..plugins.placement import NodePlacementStrategy
@@ -31,7 +31,7 @@ from ..messaging.channel.client import REPLY_GRACE, ChannelClient, SendTimeout
 from ..messaging.channel.protocol import send_timeout as _send_timeout
 
 DEFAULT_KEY = "default_queue"
-_GROUP_PREFIX = "Channel."
+_GROUP_PREFIX = CHANNEL_HOST_PREFIX
 #: seconds connect() waits for a channel that another process is creating
 CONNECT_WAIT = 10.0
 #: seconds a ``*_nowait`` call may spend handing its request to the transport

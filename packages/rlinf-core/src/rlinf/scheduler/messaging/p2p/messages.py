@@ -64,7 +64,7 @@ class MessagesMixin:
 
         result = self._run(pair, op, async_op and failure is None, "send", peer, timeout)
         if isinstance(failure, UnpicklableError):  # it names the peer, the part and the fix already
-            failure.args = (f"{self.name}: {failure}",)
+            failure.args = (f"{self.name}: cannot send {type(obj).__name__} to {peer.get_name()!r}: {failure}",)
             raise failure
         if failure is not None:
             raise TypeError(f"{self.name}: cannot send {type(obj).__name__} to {peer.get_name()!r}: {failure}") from failure

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from ...base.address import WorkerAddress
+from ...base.address import WorkerAddress, describe_running
 from ...base.errors import CommunicationError
 from ...plugins.launcher import current_session
 from ...plugins.transport import Link, Transport
@@ -62,7 +62,7 @@ class PeersMixin:
         if record is None:
             raise CommunicationError(
                 f"{self.name}: no group named {key!r} is running in this cluster "
-                f"(running groups: {current_session().list_groups()})",
+                f"(running: {describe_running(current_session().list_groups())})",
                 peer=peer.get_name(),
             )
         self._groups[key] = record
