@@ -26,6 +26,7 @@ from .host import async_methods
 from ..plugins.launcher import CallOutcome, Died, GroupRecord, LauncherSession, Rejected, WorkerRecord, WorkerSpec
 from ..plugins.placement import PlacementStrategy, default_placement
 from ..plugins import get_registry
+from ..plugins import node_env
 from ..base.serialization import dumps_worker_payload, ship_run_time_modules_by_value
 from ..base.unpicklable import find_unpicklable, unpicklable_error
 from ..base.timing import reduce_durations
@@ -276,6 +277,8 @@ class WorkerGroup:
                 f"cannot send worker class {self._cls.__name__} and its arguments to the workers of group "
                 f"{key!r}: {type(exc).__name__}: {exc}"
             ) from exc
+        labels = getattr(strategy, "node_group_labels", None)  # placed through these node groups: their env only
+        node_envs = {r: node_env.for_node(cluster.cluster_config, r, labels) for r in {p.node_rank for p in placements}}
         session = cluster.session
         try:
             session.reserve_group(key)
@@ -291,8 +294,10 @@ class WorkerGroup:
         forwarded = {k: v for k, v in os.environ.items() if k.startswith("RLINF_") and k not in config.WORKER_ONLY_ENV}
         specs = []
         for p in placements:
+            # the node groups' env_configs of the worker's node: over the forwarded settings, under the launch's own
+            found = node_envs[p.node_rank]
             env = {
-                **forwarded,
+                **({k: v for k, v in forwarded.items() if k not in found.env_vars} if found else forwarded),
                 "MASTER_ADDR": master_addr,
                 "RANK": str(p.rank),
                 "LOCAL_RANK": str(p.local_rank),
@@ -305,6 +310,8 @@ class WorkerGroup:
                 env["RLINF_CATCH_FAILURE"] = "1" if catch_system_failure else "0"
             if p.local_gpu_ids and not isolate_gpu:  # the host then shows the whole node's devices
                 env["RLINF_ISOLATE_GPU"] = "0"
+            if found is not None:
+                env[node_env.NODE_ENV_KEY] = found.to_json()
             specs.append(
                 WorkerSpec(key, base.get_child_address(p.rank), len(placements), p, nodes[p.node_rank], env,
                            self._cls.__name__, tuple(sorted(self._methods)), coroutines, max_concurrency)

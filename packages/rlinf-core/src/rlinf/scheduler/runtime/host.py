@@ -25,6 +25,7 @@ from . import status_server
 from ..base.errors import CommunicationError, LaunchError, WorkerMethodError
 from ..base.info import WorkerInfo
 from ..plugins.launcher import CallOutcome, WorkerRecord, WorkerSpec, to_wire
+from ..plugins import node_env
 from ..base.serialization import loads_worker_payload
 from ..tracing import on_worker_start
 from ..base.hooks import hook
@@ -90,6 +91,7 @@ class WorkerHost:
         self._max_concurrency: Optional[int] = None
         self.is_async = False
         self._saved_env: dict = {}  # device variables as they were before construct, restored by release
+        self._added_sys_path: list = []  # ``sys.path`` entries a node group's PYTHONPATH added, removed by release
 
     # -- start-up -----------------------------------------------------------
     def reserve_master_port(self) -> int:
@@ -114,9 +116,12 @@ class WorkerHost:
     def construct(self, spec: WorkerSpec, payload: bytes, master_port: int, launcher: str, node_ip: str) -> WorkerRecord:
         """Set the environment, build the worker, and return its registry record."""
         env = dict(spec.env)
+        own = node_env.take(env)  # the node groups' env_configs of this node (see ``plugins.node_env``)
         env["MASTER_PORT"] = str(master_port)
         placement = spec.placement
         self._set_device_env(spec, env)
+        if own is not None:
+            env = {**self._node_group_env(own, env), **env}  # the launch's own variables win
         os.environ.update(env)
         on_worker_start()  # records from here on if the driver traces (RLINF_TRACE)
         if not placement.visible_gpu_ids:
@@ -175,6 +180,20 @@ class WorkerHost:
         from ..messaging.p2p.endpoints import published_endpoints  # imported late: only worker processes listen
 
         return WorkerRecord(info=info, endpoints=published_endpoints(), status=status_server.start(node_ip))
+
+    def _node_group_env(self, own: "node_env.NodeEnv", env: dict) -> dict:
+        """The node groups' variables merged with this process's (path-like ones per ``RLINF_PATH_ENV_MERGE_MODE``).
+
+        New ``PYTHONPATH`` entries are also put in front of ``sys.path`` (a process started by the launcher
+        with them has them there already; one that was running, as an MPI rank, gets them now); ``release``
+        takes them out again.
+        """
+        values = node_env.merged(own, os.environ, node_env.merge_mode(env, os.environ))
+        if "PYTHONPATH" in own.env_vars:
+            added = [p for p in node_env.split_paths(values["PYTHONPATH"]) if p not in sys.path]
+            sys.path[:0] = added
+            self._added_sys_path.extend(added)
+        return values
 
     def _set_device_env(self, spec: WorkerSpec, env: dict) -> None:
         """Put this worker's accelerator variables into ``env`` (see ``accelerator``); remember what they replace."""
@@ -349,5 +368,9 @@ class WorkerHost:
             else:
                 os.environ[name] = value
         self._saved_env = {}
+        for entry in self._added_sys_path:
+            if entry in sys.path:
+                sys.path.remove(entry)
+        self._added_sys_path = []
         context.set_current(None)
         self._ctx = None
