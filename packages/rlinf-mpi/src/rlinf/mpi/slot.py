@@ -12,11 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import sys
 import threading
 import traceback
 
 import cloudpickle
 
+from rlinf.scheduler.base.errors import LaunchError
+from rlinf.scheduler.plugins import node_env
 from rlinf.scheduler.runtime.host import WorkerHost
 
 from . import runtime
@@ -26,6 +29,37 @@ log = logging.getLogger("rlinf.mpi")
 
 #: seconds the rank waits for a running call after the driver said exit
 EXIT_GRACE = 10.0
+
+
+def same_interpreter(path: str, running: str) -> bool:
+    """Whether ``path`` names the interpreter ``running`` (the same file in the same directory: ``bin/python3``
+    for ``bin/python`` passes, another virtualenv's ``python`` linked to the same binary does not)."""
+    path, running = os.path.abspath(path), os.path.abspath(running)
+    if path == running:
+        return True
+    try:
+        return os.path.dirname(path) == os.path.dirname(running) and os.path.samefile(path, running)
+    except OSError:
+        return False
+
+
+def check_interpreter(spec, running: str) -> None:
+    """Refuse a worker whose node group asks for another Python interpreter than this rank's ``running`` one.
+
+    Raises:
+        LaunchError: ``env_configs`` give the worker's node a ``python_interpreter_path`` that is not ``running``
+            (mpiexec started every rank with one interpreter; a rank cannot change it).
+    """
+    own = node_env.peek(spec.env)
+    if own is None or own.python_interpreter_path is None or same_interpreter(own.python_interpreter_path, running):
+        return
+    raise LaunchError(
+        f"node {spec.placement.node_rank}'s python_interpreter_path {own.python_interpreter_path!r} (env_configs of "
+        f"node group(s) {', '.join(own.groups)}) cannot be used under MPI: mpiexec started this rank with {running}, "
+        f"and a running rank cannot change its interpreter; start the job with that interpreter "
+        f"(mpiexec -n N {own.python_interpreter_path} -m rlinf.mpi ...) or drop python_interpreter_path",
+        group=spec.group_key, rank=spec.placement.rank, node=spec.placement.node_rank, method="__init__",
+    )
 
 
 class CallRejected(Exception):
@@ -99,6 +133,7 @@ class Slot:
         self._generation += 1
         info = self._world.ranks[self._world.rank]
         try:
+            check_interpreter(spec, sys.executable)
             record = self._host.construct(spec, payload, master_port, "mpi", info.ip)
         except BaseException:
             self._release()  # free for the next group; the launcher reports the error

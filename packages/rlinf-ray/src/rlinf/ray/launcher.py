@@ -36,6 +36,7 @@ from rlinf.scheduler.plugins.placement import NodeInfo
 
 from . import embedded
 from .classes import share_class_tracker
+from .runtime_env import worker_runtime_env
 
 #: fraction of a CPU each worker's bundle reserves (workers mostly wait)
 WORKER_CPU = 0.01
@@ -226,6 +227,9 @@ class RaySession(LauncherSession):
             bundles.append(bundle)
             selectors.append({NODE_LABEL: spec.node.node_id})
         group = specs[0].group_key
+        # the node groups' env_configs of each worker's node: env_vars and py_executable of its actor
+        local_node = ray.get_runtime_context().get_node_id()
+        runtime_envs = [worker_runtime_env(spec, local_node) for spec in specs]
         pg = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
         actors = []
         line = progress.Progress()
@@ -234,11 +238,13 @@ class RaySession(LauncherSession):
             is_async = bool(specs[0].async_methods)
             remote_cls = actor_class(specs[0].class_name, specs[0].methods, is_async)
             for i, spec in enumerate(specs):
+                options = {"runtime_env": runtime_envs[i]} if runtime_envs[i] else {}
                 actors.append(
                     remote_cls.options(
                         num_cpus=WORKER_CPU,
                         max_concurrency=actor_max_concurrency(is_async, spec.max_concurrency),
                         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                        **options,
                     ).remote()
                 )
             port_ref = actors[0]._rlinf_reserve_master_port.remote()
