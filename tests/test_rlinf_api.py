@@ -305,3 +305,23 @@ def test_max_concurrency_runs_sync_calls_on_threads(cluster, groups):
     groups.append(g)
     a, b = g.meet(), g.meet()
     assert len(a.wait(timeout=60) + b.wait(timeout=60)) == 2
+
+
+class Timed(Worker):
+    def __init__(self):
+        super().__init__()
+
+    @Worker.timer("work")
+    def work(self):
+        return self._rank
+
+
+def test_rlinf_consume_duration_and_close(cluster, groups):
+    """RLinf programs read ``consume_duration()`` and end groups with ``_close()`` (its benchmarks do)."""
+    g = Timed.create_group().launch(cluster, NodePlacementStrategy([0]), name=_name("closed"))
+    groups.append(g)
+    result = g.work()
+    assert result.wait() == [0] and set(result.consume_duration()) == {"work"}
+    g._close()
+    with pytest.raises(Exception, match="stopped|not running|no longer"):
+        g.work().wait()

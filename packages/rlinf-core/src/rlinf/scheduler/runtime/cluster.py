@@ -155,6 +155,9 @@ def _node_hardware(node: NodeInfo, config: Optional[ClusterConfig]) -> NodeInfo:
         node,
         node_labels=tuple(config.get_node_labels_by_rank(node.node_rank)),
         hardware_resources=tuple(resources),
+        # which group owns the robots of this node: a group without hardware sharing the node counts nodes
+        node_group_hardware=tuple((g.label, g.hardware_type) for g in config.node_groups or []
+                                  if node.node_rank in g.node_ranks and g.hardware is not None),
     )
 
 

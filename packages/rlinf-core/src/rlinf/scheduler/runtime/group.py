@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from ..base import config, context, lifecycle
 from ..plugins import watch
-from ..base.address import WorkerAddress, validate_group_name
+from ..base.address import WorkerAddress, describe_running, validate_group_name
 from .cluster import Cluster, is_ended, on_shutdown
 from ..base.errors import GroupNameError, LaunchError, WorkerDiedError, WorkerError, WorkerMethodError
 from .host import async_methods
@@ -160,6 +160,10 @@ class WorkerGroupFuncResult:
 
     def __await__(self):
         return self.async_wait().__await__()
+
+    def consume_duration(self, reduction_type: str = "max"):
+        """RLinf's name for ``consume_durations(reduction_type)``: ``{tag: seconds}`` reduced over the ranks."""
+        return self.consume_durations(reduction_type)
 
     def consume_durations(self, reduction_type: str = "max", return_per_rank: bool = False):
         """Timings of this call, ``{tag: seconds}`` reduced over the ranks that ran it.
@@ -350,7 +354,8 @@ class WorkerGroup:
         handles = session.attach_group(group_name) if record is not None else None
         if record is None or handles is None:
             raise GroupNameError(
-                f"no group named {group_name!r} is running in this cluster (running: {session.list_groups()})"
+                f"no group named {group_name!r} is running in this cluster (running: "
+                f"{describe_running(session.list_groups())})"
             )
         if record.class_name != worker_class.__name__:
             raise TypeError(
@@ -482,6 +487,10 @@ class WorkerGroup:
 
     # -- teardown ---------------------------------------------------------------
     @hook("group_stop")
+    def _close(self) -> None:
+        """RLinf's ``WorkerGroup._close()``: the same as ``stop()`` (RLinf programs and benchmarks call it)."""
+        WorkerGroup.stop(self)
+
     def stop(self) -> None:
         """Stop this group's workers and free its name."""
         session = self._session

@@ -143,6 +143,8 @@ class WorkerHost:
             local_rank=placement.local_rank,
             local_world_size=placement.local_world_size,
             accelerator_type="NV_GPU" if placement.local_gpu_ids else "NO_ACCEL",
+            accelerator_rank=placement.local_gpu_ids[0] if placement.local_gpu_ids else -1,
+            hardware_infos=list(getattr(placement, "hardware_infos", ())),
         )
         self._ctx = context.WorkerContext(
             group_key=spec.group_key,
