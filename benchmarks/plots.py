@@ -3,6 +3,7 @@
 Every benchmark describes its plot as a *spec*, a dict that JSON can hold::
 
     {"title": "rlinf vs raw Ray, 4 workers",
+     "source": "...",                         # optional: where the numbers come from, if not a run
      "panels": [{"kind": "bar",               # or "line"
                  "title": "launch + first answer",
                  "ylabel": "time (s)",        # one quantity, its unit in parentheses
