@@ -13,6 +13,7 @@ from launcher_marks import TEST_LAUNCHER
 
 PROGRAM = """
 import asyncio
+import ray  # a program that imports Ray before rlinf starts its cluster (with token auth) still joins it
 from rlinf.scheduler import Channel, Cluster, NodePlacementStrategy, Worker
 
 class Rollout(Worker):
@@ -48,3 +49,4 @@ def test_async_worker_output_has_no_ray_warning_and_no_colour_codes():
     assert "produced 3" in out, out[-3000:]  # the worker's line reached the program's terminal
     assert "blocking ray.get inside async actor" not in out, out[-3000:]
     assert "\x1b[" not in out, out[-3000:]  # a pipe, not a terminal: no escape codes
+    assert "RAY_AUTH_MODE=disabled" not in out, out[-3000:]  # no invitation to turn token auth off

@@ -57,8 +57,20 @@ def _prepare_environment(address: Optional[str]) -> None:
         # on by default and invite the user to turn it off
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(24)
         os.environ["RAY_AUTH_MODE"] = "token"
+        if "ray" in sys.modules:  # a program that imported Ray first: Ray read the mode then; have it read again
+            _reread_ray_config()
     if not sys.stderr.isatty():  # worker lines forwarded to a file or a pipe: no terminal colour codes in them
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
+def _reread_ray_config() -> None:
+    """Make an already imported Ray read its settings (RAY_AUTH_MODE) from the environment again, as Ray
+    itself does when it turns token authentication on for a local cluster."""
+    try:
+        from ray._raylet import Config
+    except ImportError:  # a Ray without it reads the mode at ray.init
+        return
+    Config.initialize("")
 
 
 def _ray_resource(node: NodeInfo) -> str:
