@@ -22,7 +22,7 @@ class Trainer(Worker):
         return self.recv(src_group_name="trainers", src_rank=0)
 
     def produce(self, n):
-        channel = self.connect_channel("rollouts")  # a FIFO queue any worker or the driver can reach
+        channel = self.connect_channel("rollouts")  # a FIFO queue any process can reach
         for i in range(n):
             channel.put((self._rank, i))
         return n
@@ -34,7 +34,7 @@ group = Trainer.create_group().launch(cluster, NodePlacementStrategy([0, 0]), na
 
 result = group.step(lr=0.1)  # runs on every rank at once; returns at once
 print(result.wait())  # ['sent', {'lr': 0.1, 'from': 0}]
-print(sorted(result.consume_durations()))  # ['compute', 'step']: the slowest rank's seconds per tag
+print(sorted(result.consume_durations()))  # ['compute', 'step']: slowest rank's seconds
 
 group.execute_on(1).produce(3).wait()  # only rank 1 this time
 print([rollouts.get() for _ in range(3)])  # [(1, 0), (1, 1), (1, 2)]
