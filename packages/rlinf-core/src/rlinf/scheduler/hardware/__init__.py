@@ -9,6 +9,8 @@
   rlinf-core that way (``rlinf.scheduler.hardware.robots``): ``FrankaHWInfo``,
   ``DualFrankaHWInfo``, ``DOSW1HWInfo``, ``GimArmHWInfo``, ``Turtle2HWInfo`` and
   their configs.
+
+Layer: the public API; it may import ``plugins`` and ``base`` only.
 """
 
 from ..plugins.accelerator_types import AcceleratorType, AcceleratorUtil

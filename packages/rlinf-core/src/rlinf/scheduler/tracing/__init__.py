@@ -12,6 +12,11 @@ functions until tracing is switched on in a process.  Modules: ``hooks`` (the
 marks and the swap), ``recorder`` (the per-process buffer and clock),
 ``wrappers`` (what records), ``collect`` (control calls, clock offsets,
 bounded gathering), ``export`` (the JSON file).
+
+Layer: above ``messaging`` (its wrappers instrument it; its collector reaches
+workers through launcher sessions), below ``runtime``, which starts it and
+registers its groups (``collect.group_source``, ``provide_runtime``).  It may
+import ``messaging``, ``transports``, ``plugins`` and ``base``.
 """
 
 from __future__ import annotations

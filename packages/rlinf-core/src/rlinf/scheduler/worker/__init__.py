@@ -3,6 +3,9 @@
 RLinf programs import ``rlinf.scheduler.worker.worker.Worker`` and
 ``rlinf.scheduler.worker.worker_group.WorkerGroup``; both are the very objects
 ``rlinf.scheduler`` exports.
+
+Layer: the public API.  It may import ``runtime`` and every layer below; the
+channel API above it registers itself (``worker.provide_channels``).
 """
 
 from ..base.address import WorkerAddress
