@@ -68,9 +68,9 @@ def _check_parent(path: str) -> None:
 
 
 # -- listening ports ----------------------------------------------------------------------------------
-def _listening_sockets() -> dict[int, str]:
-    """Socket inode -> ``address:port`` of every TCP socket listening in this network namespace."""
-    found = {}
+def listening_tcp() -> list[tuple]:
+    """``(address, port, uid, inode)`` of every TCP socket listening in this network namespace (``/proc``)."""
+    found = []
     for table, family in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 6)):
         try:
             with open(table) as f:
@@ -86,8 +86,13 @@ def _listening_sockets() -> dict[int, str]:
             # /proc writes each 32-bit word of the address in host (little-endian) order
             raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
             addr = ipaddress.IPv4Address(raw) if family == 4 else ipaddress.IPv6Address(raw)
-            found[int(fields[9])] = f"{addr}:{int(hex_port, 16)}"
+            found.append((addr, int(hex_port, 16), int(fields[7]), int(fields[9])))
     return found
+
+
+def _listening_sockets() -> dict[int, str]:
+    """Socket inode -> ``address:port`` of every TCP socket listening in this network namespace."""
+    return {inode: f"{addr}:{port}" for addr, port, _uid, inode in listening_tcp()}
 
 
 def is_loopback(address: str) -> bool:

@@ -17,6 +17,7 @@ not set.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -24,6 +25,8 @@ import time
 from typing import Optional
 
 from rlinf.scheduler.tools.status_dir import process_mark, published, runs_here
+
+from .embedded import listening_tcp
 from rlinf.scheduler.tools.status_dir import PublishedFile
 
 
@@ -52,23 +55,12 @@ def _listener_uid(address: str) -> Optional[int]:
     host, _, port = address.rpartition(":")
     try:
         wanted = int(port)
-        ip = socket.inet_aton(host or "127.0.0.1")
+        ip = ipaddress.IPv4Address(socket.inet_aton(host or "127.0.0.1"))
     except (ValueError, OSError):
         return None
-    local = ip[::-1].hex().upper()  # /proc writes an IPv4 address as a little-endian hex word
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if len(fields) < 8 or fields[3] != "0A":  # LISTEN
-                continue
-            addr, _, hex_port = fields[1].rpartition(":")
-            if int(hex_port, 16) == wanted and addr[-8:] in (local, "00000000"):
-                return int(fields[7])
+    for addr, listen_port, uid, _inode in listening_tcp():
+        if listen_port == wanted and (addr == ip or addr.is_unspecified or getattr(addr, "ipv4_mapped", None) == ip):
+            return uid
     return None
 
 

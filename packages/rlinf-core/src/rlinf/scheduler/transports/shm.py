@@ -87,13 +87,8 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def map_shared(fd: int, size: int):
-    """Map ``size`` bytes of ``fd`` read-write and shared; no descriptor is kept.
-
-    Returns a ctypes buffer; the mapping is removed when the buffer and every
-    view of it have been garbage collected.
-    """
-    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+def _map(fd: int, size: int, flags: int):
+    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
     if addr is None or addr == _MAP_FAILED:
         err = ctypes.get_errno()
         raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
@@ -101,6 +96,15 @@ def map_shared(fd: int, size: int):
     # not at exit: tensors may still be on it then (the kernel unmaps everything with the process)
     weakref.finalize(buf, _libc.munmap, addr, size).atexit = False
     return buf
+
+
+def map_shared(fd: int, size: int):
+    """Map ``size`` bytes of ``fd`` read-write and shared; no descriptor is kept.
+
+    Returns a ctypes buffer; the mapping is removed when the buffer and every
+    view of it have been garbage collected.
+    """
+    return _map(fd, size, mmap.MAP_SHARED)
 
 
 def map_private(fd: int, size: int):
@@ -110,14 +114,7 @@ def map_private(fd: int, size: int):
     to its own without the others (or the writer of the segment) seeing it.
     The source never rewrites a segment a receiver still maps this way.
     """
-    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)
-    if addr is None or addr == _MAP_FAILED:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mmap of {size} bytes failed: {os.strerror(err)}")
-    buf = (ctypes.c_char * size).from_address(addr)
-    # not at exit: tensors may still be on it then (the kernel unmaps everything with the process)
-    weakref.finalize(buf, _libc.munmap, addr, size).atexit = False
-    return buf
+    return _map(fd, size, mmap.MAP_PRIVATE)
 
 
 class Segment:
