@@ -58,6 +58,28 @@ class Worker:
 
     #: decorator that times a method under a tag: ``@Worker.timer("train_step")``
     timer = staticmethod(timing.timer)
+    """Decorator that records each call's wall time under a tag (``timing.timer``).
+
+    ``@Worker.timer("tag")``, ``@Worker.timer()`` and a bare ``@Worker.timer``
+    all work, on plain and ``async`` methods; without a tag the method's name
+    is used.  Calls under one tag add up; the group call's result reports
+    them (``WorkerGroupFuncResult.consume_duration``) and
+    ``pop_execution_time(tag)`` drains them.
+
+    Args:
+        tag (str | None): the name the time is recorded under (default: the function's name).
+
+    Raises:
+        ValueError: ``tag`` is not a non-empty str.
+
+    Example:
+        ```python
+        class Trainer(Worker):
+            @Worker.timer("train_step")
+            def train(self, batch):
+                ...
+        ```
+    """
 
     # -- accelerator (RLinf class attributes; valid in the driver and every worker) --
     @accelerator.lazy_class_attribute
@@ -137,7 +159,25 @@ class Worker:
     # -- group creation ---------------------------------------------------------
     @classmethod
     def create_group(cls, *args, **kwargs) -> "WorkerGroup":
-        """An unlaunched group of this class; ``.launch(cluster, ...)`` starts it."""
+        """An unlaunched group of this class; ``.launch(cluster, ...)`` starts it.
+
+        Nothing starts yet: the arguments are kept and every worker of the
+        group is constructed with them when the group launches.
+
+        Args:
+            *args (Any): positional arguments for each worker's ``__init__``.
+            **kwargs (Any): keyword arguments for each worker's ``__init__``.
+
+        Returns:
+            A ``WorkerGroup``; ``launch`` starts its workers and returns it.
+
+        Example:
+            ```python
+            group = MyWorker.create_group(lr=1e-3).launch(
+                cluster, placement_strategy=PackedPlacementStrategy(0, 1), name="actor"
+            )
+            ```
+        """
         from ..runtime.group import WorkerGroup
 
         return WorkerGroup(cls, args, kwargs)
@@ -145,23 +185,54 @@ class Worker:
     # -- identity ---------------------------------------------------------------
     @property
     def worker_address(self) -> WorkerAddress:
+        """This worker's address: its group's name and its rank path (``WorkerAddress``)."""
         return self._worker_address
 
     @property
     def worker_info(self) -> WorkerInfo:
+        """Where this worker runs: node, IP, pid, accelerator and ranks (``WorkerInfo``)."""
         return self._worker_info
 
     @property
     def worker_group_name(self) -> str:
+        """The name of the group this worker belongs to, as given to ``launch(name=...)``."""
         return self._group_name
 
     # -- timing -------------------------------------------------------------------
     def worker_timer(self, tag: Optional[str] = None):
-        """Context manager recording the body's wall time under ``tag`` (default: the calling function's name)."""
+        """Context manager recording the body's wall time under ``tag``.
+
+        Repeated tags add up; the times travel back with the group call's
+        result (``WorkerGroupFuncResult.consume_duration``) and stay poppable
+        with ``pop_execution_time``.
+
+        Args:
+            tag: the name the time is recorded under (default: the name of the
+                function that opens the timer).
+
+        Raises:
+            ValueError: ``tag`` is given but is not a non-empty str.
+
+        Example:
+            ```python
+            with self.worker_timer("rollout"):
+                self.generate()
+            ```
+        """
         return timing.worker_timer(tag, _depth=2)
 
     def pop_execution_time(self, tag: str) -> float:
-        """Seconds recorded under ``tag`` in this worker since it was last popped (``ValueError`` if none)."""
+        """Seconds recorded under ``tag`` in this worker since it was last popped.
+
+        Args:
+            tag: a tag of ``worker_timer``/``timer``.
+
+        Returns:
+            The seconds summed over every timing of ``tag`` since the last pop; the tag is forgotten.
+
+        Raises:
+            ValueError: nothing was recorded under ``tag`` since it was last popped.
+        """
         return timing.pop_execution_time(tag)
 
     def pop_execution_times(self) -> dict:
@@ -179,24 +250,53 @@ class Worker:
     logger = worker_logging.LoggerAttribute()
 
     def log_debug(self, msg: str) -> None:
+        """Log ``msg`` at DEBUG level with this worker's name and rank.
+
+        Args:
+            msg: the message; shown when ``RLINF_LOG_LEVEL`` is ``DEBUG``.
+        """
         self._logger.debug(msg, stacklevel=2)
 
     def log_info(self, msg: str) -> None:
+        """Log ``msg`` at INFO level with this worker's name and rank.
+
+        Args:
+            msg: the message; it reaches the driver's output (and the worker's
+                file under ``RLINF_DISTRIBUTED_LOG_DIR`` when set).
+        """
         self._logger.info(msg, stacklevel=2)
 
     def log_warning(self, msg: str) -> None:
+        """Log ``msg`` at WARNING level with this worker's name and rank.
+
+        Args:
+            msg: the message.
+        """
         self._logger.warning(msg, stacklevel=2)
 
     def log_error(self, msg: str) -> None:
+        """Log ``msg`` at ERROR level with this worker's name and rank (raises nothing).
+
+        Args:
+            msg: the message.
+        """
         self._logger.error(msg, stacklevel=2)
 
     def log_on_first_rank(self, msg: str) -> None:
-        """Log at INFO on rank 0 only."""
+        """Log ``msg`` at INFO level on rank 0 only; the other ranks do nothing.
+
+        Args:
+            msg: the message.
+        """
         if self._rank == 0:
             self._logger.info(msg, stacklevel=2)
 
     def log_on_last_rank(self, msg: str) -> None:
-        """Log at INFO on the last rank only."""
+        """Log ``msg`` at INFO level on the last rank (``world_size - 1``) only.
+
+        Args:
+            msg: the message.
+        """
         if self._rank == self._world_size - 1:
             self._logger.info(msg, stacklevel=2)
 
@@ -210,7 +310,37 @@ class Worker:
         options: Optional["CollectiveGroupOptions"] = None,
         timeout: Optional[float] = None,
     ):
-        """Send any picklable object; tensors inside travel as raw bytes."""
+        """Send any picklable object to one worker; tensors inside travel as raw bytes.
+
+        The receiver calls ``recv(this worker's group name, this worker's rank)``;
+        messages between one pair of workers arrive in the order sent.
+
+        Args:
+            object: what to send: any picklable object (tensors, nested in
+                dicts/lists/tuples or not, are sent without pickling).
+            dst_group_name: the receiver's group name.
+            dst_rank: the receiver's rank in that group (an int, or a tuple rank path).
+            async_op: return an ``AsyncWork`` at once instead of waiting; its
+                ``wait()``/``async_wait()`` give the result.
+            options: a ``CollectiveGroupOptions`` tuning the link (transport,
+                device path); ``None``: the defaults.
+            timeout: seconds to wait; ``None``: the configured default
+                (``RLINF_TIMEOUT``), never an unbounded wait.
+
+        Returns ``None``, or with ``async_op`` an ``AsyncWork``.
+
+        Raises:
+            CommTimeoutError: the peer did not take part within ``timeout``.
+            PeerDiedError: the peer's process died during the exchange.
+            CommunicationError: the peer cannot be reached or the link failed.
+            UnpicklableError: a part of ``object`` cannot be pickled (the message names it).
+
+        Example:
+            ```python
+            self.send({"step": 3}, "learner", 0)    # in the rollout worker
+            data = self.recv("rollout", 0)          # in learner rank 0
+            ```
+        """
         return _p2p().send(object, dst_group_name, dst_rank, async_op=async_op, options=options, timeout=timeout)
 
     def recv(
@@ -221,7 +351,25 @@ class Worker:
         options: Optional["CollectiveGroupOptions"] = None,
         timeout: Optional[float] = None,
     ):
-        """Receive the next object the source sent to this worker."""
+        """Receive the next object the source sent to this worker with ``send``.
+
+        Args:
+            src_group_name: the sender's group name.
+            src_rank: the sender's rank in that group (an int, or a tuple rank path).
+            async_op: return an ``AsyncWork`` at once instead of waiting; its
+                ``wait()``/``async_wait()`` give the result.
+            options: a ``CollectiveGroupOptions`` tuning the link (transport,
+                device path); ``None``: the defaults.
+            timeout: seconds to wait; ``None``: the configured default
+                (``RLINF_TIMEOUT``), never an unbounded wait.
+
+        Returns the object, or with ``async_op`` an ``AsyncWork`` whose ``wait()`` returns it.
+
+        Raises:
+            CommTimeoutError: the peer did not take part within ``timeout``.
+            PeerDiedError: the peer's process died during the exchange.
+            CommunicationError: the peer cannot be reached or the link failed.
+        """
         return _p2p().recv(src_group_name, src_rank, async_op=async_op, options=options, timeout=timeout)
 
     def send_tensor(
@@ -233,7 +381,31 @@ class Worker:
         options: Optional["CollectiveGroupOptions"] = None,
         timeout: Optional[float] = None,
     ):
-        """Send one contiguous tensor with no metadata; the receiver preallocates."""
+        """Send one contiguous tensor with no metadata; the receiver preallocates.
+
+        The receiver calls ``recv_tensor`` with a tensor of the same shape and dtype.
+
+        Args:
+            tensor (torch.Tensor): a contiguous ``torch.Tensor`` (CPU or accelerator).
+            dst_group_name: the receiver's group name.
+            dst_rank: the receiver's rank in that group (an int, or a tuple rank path).
+            async_op: return an ``AsyncWork`` at once instead of waiting; its
+                ``wait()``/``async_wait()`` give the result.
+            options: a ``CollectiveGroupOptions`` tuning the link (transport,
+                device path); ``None``: the defaults.
+            timeout: seconds to wait; ``None``: the configured default
+                (``RLINF_TIMEOUT``), never an unbounded wait.
+
+        Returns ``None``, or with ``async_op`` an ``AsyncWork``.
+
+        Raises:
+            CommTimeoutError: the peer did not take part within ``timeout``.
+            PeerDiedError: the peer's process died during the exchange.
+            CommunicationError: the peer cannot be reached, the link failed, or
+                no installed transport serves ``tensor``'s device.
+            TypeError: ``tensor`` is not a ``torch.Tensor``.
+            ValueError: ``tensor`` is not contiguous.
+        """
         return _p2p().send_tensor(tensor, dst_group_name, dst_rank, async_op=async_op, options=options, timeout=timeout)
 
     def recv_tensor(
@@ -245,7 +417,29 @@ class Worker:
         options: Optional["CollectiveGroupOptions"] = None,
         timeout: Optional[float] = None,
     ):
-        """Fill ``tensor`` in place with the next tensor the source sent with ``send_tensor``."""
+        """Fill ``tensor`` in place with the next tensor the source sent with ``send_tensor``.
+
+        Args:
+            tensor (torch.Tensor): a preallocated ``torch.Tensor`` of the sent tensor's size, filled in place.
+            src_group_name: the sender's group name.
+            src_rank: the sender's rank in that group (an int, or a tuple rank path).
+            async_op: return an ``AsyncWork`` at once instead of waiting; its
+                ``wait()``/``async_wait()`` give the result.
+            options: a ``CollectiveGroupOptions`` tuning the link (transport,
+                device path); ``None``: the defaults.
+            timeout: seconds to wait; ``None``: the configured default
+                (``RLINF_TIMEOUT``), never an unbounded wait.
+
+        Returns ``None`` once ``tensor`` is filled, or with ``async_op`` an ``AsyncWork``.
+
+        Raises:
+            CommTimeoutError: the peer did not take part within ``timeout``.
+            PeerDiedError: the peer's process died during the exchange.
+            CommunicationError: the peer cannot be reached, the link failed, or
+                no installed transport serves ``tensor``'s device.
+            TypeError: ``tensor`` is not a ``torch.Tensor``.
+            ValueError: ``tensor`` is not contiguous.
+        """
         return _p2p().recv_tensor(tensor, src_group_name, src_rank, async_op=async_op, options=options, timeout=timeout)
 
     def broadcast(
@@ -261,18 +455,78 @@ class Worker:
     ):
         """Every listed worker calls this; the source's object is returned everywhere.
 
-        ``out`` (on receivers): a tensor or a dict/list/tuple of tensors to fill in place (and return).
-        ``share_memory`` (receivers with ``out``): on the source's host, the memory behind ``out``'s tensors
-        moves onto the copy the source wrote instead of being copied into (see ``rlinf.scheduler.messaging.p2p.api.broadcast``).
+        Args:
+            object: what the source broadcasts (ignored on the other workers).
+            groups: the participants, ``[(group_name, ranks), ...]``; ``ranks``
+                is an int, a tuple rank path or a list of them.
+            src: the source, ``(group_name, rank)``; default: the first listed worker.
+            async_op: return an ``AsyncWork`` at once instead of waiting; its
+                ``wait()``/``async_wait()`` give the result.
+            options: a ``CollectiveGroupOptions`` tuning the link (transport,
+                device path); ``None``: the defaults.
+            timeout: seconds to wait; ``None``: the configured default
+                (``RLINF_TIMEOUT``), never an unbounded wait.
+            out: (receivers) a tensor or a dict/list/tuple of tensors to fill in
+                place and return; shapes and dtypes are checked first.
+            share_memory: (receivers with ``out``) on the source's host, the
+                memory behind ``out``'s tensors moves onto the copy the source
+                wrote instead of being copied into (see
+                ``rlinf.scheduler.messaging.p2p.api.broadcast``).
+
+        Returns the source's object (or ``out``, filled), or with ``async_op`` an ``AsyncWork``.
+
+        Raises:
+            ValueError: ``groups`` names no worker, or ``src``/an entry is malformed.
+            TypeError: ``options`` is not a ``CollectiveGroupOptions``, or ``share_memory`` not a bool.
+            CommTimeoutError: a participant did not take part within ``timeout``.
+            PeerDiedError: a participant's process died during the broadcast.
+
+        Example:
+            ```python
+            weights = self.broadcast(weights, groups=[("actor", [0, 1, 2, 3])], src=("actor", 0))
+            ```
         """
         return _p2p().broadcast(object, groups=groups, src=src, async_op=async_op, options=options, timeout=timeout,
                                 out=out, share_memory=share_memory)
 
     # -- channels -----------------------------------------------------------------
     def create_channel(self, name: Optional[str] = None, node_id: Optional[int] = None, maxsize: int = 0, **aliases):
-        """Create (or connect to) the FIFO channel ``name`` hosted on node ``node_id``."""
+        """Create (or connect to) the FIFO channel ``name`` hosted on node ``node_id``.
+
+        Args:
+            name: the channel's name, unique in the cluster.
+            node_id: the node whose host process holds the items (default 0).
+            maxsize: the most items each key's queue holds; 0: unbounded.
+            **aliases (Any): RLinf's spellings and options: ``channel_name`` (for
+                ``name``), ``node_rank`` (for ``node_id``), ``local=True`` (an
+                in-process channel), ``distributed=True`` (one host per node).
+
+        Returns the ``Channel``.
+
+        Raises:
+            TypeError: no name, or an unknown keyword argument.
+            ValueError: a bad ``name``, ``maxsize`` or ``node_id``.
+            CommunicationError: another process is creating the channel and did not finish in time.
+
+        Example:
+            ```python
+            channel = self.create_channel("rollouts", maxsize=64)
+            channel.put(sample, weight=1)
+            ```
+        """
         return _channel_api()[0](name, node_id, maxsize, aliases)
 
     def connect_channel(self, name: Optional[str] = None, **aliases):
-        """Connect to the existing channel ``name``."""
+        """Connect to the existing channel ``name``, waiting a while for it to be created.
+
+        Args:
+            name: the channel's name.
+            **aliases (Any): ``channel_name`` (RLinf's spelling of ``name``) and
+                ``timeout`` (seconds to wait for the channel to appear).
+
+        Returns the ``Channel``.
+
+        Raises:
+            CommunicationError: no channel of that name appeared in time.
+        """
         return _channel_api()[1](aliases.pop("channel_name", name), **aliases)
