@@ -86,7 +86,25 @@ _lock = threading.Lock()
 
 
 class Channel:
-    """A named, bounded FIFO channel; see ``Channel.create`` and ``Channel.connect``."""
+    """A named, bounded FIFO channel shared by the driver and every worker.
+
+    Each key of a channel is its own FIFO queue; items carry a weight that
+    ``get_batch`` sums.  A ``Channel`` object is a handle: it pickles to its
+    name and works in any process of the cluster.  Make one with
+    ``Channel.create`` (or ``Worker.create_channel``) and reach an existing
+    one with ``Channel.connect``.
+
+    Args:
+        name: the channel's name.
+        maxsize: the bound of each key's queue (0: unbounded).
+
+    Example:
+        ```python
+        channel = Channel.create("rollouts", maxsize=64)
+        channel.put({"obs": obs}, weight=1, key="env0")
+        batch = channel.get_batch(target_weight=8, key="env0")
+        ```
+    """
 
     def __init__(self, name: str, maxsize: int = 0):
         self._name = name
@@ -99,11 +117,23 @@ class Channel:
                local: bool = False):
         """Create the channel on node ``node_id``, or connect to it if it exists.
 
-        ``local=True``: an in-process channel for this process only (RLinf's
-        local channel; see ``channel.local``).  ``distributed=True``: one host
-        per node of the cluster; each key lives on one of them, chosen by a
-        hash of the key that every process computes alike, so each key stays
-        one FIFO queue while the keys spread over the nodes.
+        Args:
+            name: the channel's name, unique in the cluster.
+            maxsize: the most items each key's queue holds (0: unbounded).
+            node_id: the node whose host process holds the items.
+            cluster (Cluster | None): the ``Cluster`` to launch the host on (default: ``Cluster()``).
+            distributed: one host per node of the cluster; each key lives on one
+                of them, chosen by a hash of the key that every process computes
+                alike, so each key stays one FIFO queue while the keys spread over
+                the nodes.
+            local: an in-process channel for this process only (RLinf's local
+                channel; see ``channel.local``).
+
+        Returns the channel (a ``LocalChannel`` with ``local=True``).
+
+        Raises:
+            ValueError: a bad ``name``, ``maxsize`` or ``node_id``, or both ``local`` and ``distributed``.
+            CommunicationError: another process is creating the channel and did not finish in time.
         """
         group = _group_name(name)
         maxsize = _check_maxsize(maxsize)
@@ -152,7 +182,19 @@ class Channel:
 
     @classmethod
     def connect(cls, name: str, timeout: float = CONNECT_WAIT) -> "Channel":
-        """Connect to an existing channel (waiting up to ``timeout`` s for it to appear)."""
+        """Connect to an existing channel, waiting for it to appear.
+
+        Args:
+            name: the channel's name.
+            timeout: seconds to wait for a process to create it.
+
+        Returns:
+            The channel.
+
+        Raises:
+            ValueError: ``name`` is not a valid channel name, or ``timeout`` not positive.
+            CommunicationError: no channel of that name appeared within ``timeout``.
+        """
         timeout = config.check_timeout(timeout) or CONNECT_WAIT
         group = _group_name(name)
         if name in _local:
@@ -175,6 +217,7 @@ class Channel:
 
     @property
     def name(self) -> str:
+        """The channel's name."""
         return self._name
 
     def __repr__(self) -> str:
@@ -255,7 +298,24 @@ class Channel:
     # -- producer side ------------------------------------------------------------
     @hook("channel")
     def put(self, item: Any, weight: float = 0, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
-        """Append ``item`` to ``key``'s queue, waiting for room when the channel is bounded."""
+        """Append ``item`` to ``key``'s queue, waiting for room when the channel is bounded.
+
+        Args:
+            item: any picklable object (tensors travel as raw bytes).
+            weight: what the item counts for in ``get_batch``.
+            key: the queue to append to (each key is its own FIFO).
+            async_op: return an ``AsyncWork`` at once instead of waiting.
+            timeout: seconds to wait; ``None``: the configured default
+                (``RLINF_TIMEOUT``; with ``async_op``, the work's ``wait`` bounds it).
+
+        Returns ``None``, or with ``async_op`` an ``AsyncWork`` done once the item is queued.
+
+        Raises:
+            UnpicklableError: ``item`` cannot be pickled.
+            TypeError: ``key`` is the empty string.
+            CommTimeoutError: the channel's host did not answer within ``timeout``.
+            CommunicationError: the host failed or cannot be reached.
+        """
         from ..transports import codec
 
         header, buffers = codec.encode(item, what=f"the item put on channel {self._name!r} (key {key!r})", root="item")
@@ -266,7 +326,19 @@ class Channel:
 
     @hook("channel")
     def put_nowait(self, item: Any, weight: float = 0, key: str = DEFAULT_KEY) -> None:
-        """Append or raise ``asyncio.QueueFull`` at once."""
+        """Append ``item`` to ``key``'s queue, or raise at once if it is full.
+
+        Args:
+            item: any picklable object.
+            weight: what the item counts for in ``get_batch``.
+            key: the queue to append to.
+
+        Raises:
+            asyncio.QueueFull: the queue is full (or its host is not taking items).
+            UnpicklableError: ``item`` cannot be pickled.
+            CommTimeoutError: the channel's host did not answer within ``timeout``.
+            CommunicationError: the host failed or cannot be reached.
+        """
         from ..transports import codec
 
         header, buffers = codec.encode(item, what=f"the item put on channel {self._name!r} (key {key!r})", root="item")
@@ -276,13 +348,36 @@ class Channel:
     # -- consumer side --------------------------------------------------------------
     @hook("channel")
     def get(self, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
-        """Remove and return the oldest item of ``key``'s queue, waiting for one."""
+        """Remove and return the oldest item of ``key``'s queue, waiting for one.
+
+        Args:
+            key: the queue to take from.
+            async_op: return an ``AsyncWork`` at once instead of waiting.
+            timeout: seconds to wait; ``None``: the configured default
+                (``RLINF_TIMEOUT``; with ``async_op``, the work's ``wait`` bounds it).
+
+        Returns the item, or with ``async_op`` an ``AsyncWork`` whose ``wait()`` returns it.
+
+        Raises:
+            TypeError: ``key`` is the empty string.
+            CommTimeoutError: the channel's host did not answer within ``timeout``.
+            CommunicationError: the host failed or cannot be reached.
+        """
         timeout = None if async_op and timeout is None else config.resolve_timeout(timeout)
         return self._call({"op": "get", "key": _check_key(key), "timeout": timeout}, (), async_op, timeout, _decode_one)
 
     @hook("channel")
     def get_nowait(self, key: str = DEFAULT_KEY):
-        """Remove and return the oldest item, or raise ``asyncio.QueueEmpty`` at once."""
+        """Remove and return the oldest item of ``key``'s queue, or raise at once.
+
+        Args:
+            key: the queue to take from.
+
+        Raises:
+            asyncio.QueueEmpty: the queue is empty.
+            CommTimeoutError: the channel's host did not answer within ``timeout``.
+            CommunicationError: the host failed or cannot be reached.
+        """
         return self._call({"op": "get", "key": _check_key(key), "nowait": True}, (), False, NOWAIT_SEND, _decode_one)
 
     @hook("channel")
@@ -291,6 +386,20 @@ class Channel:
 
         Waits until that prefix can grow no further: it reaches the target, or
         the next queued item would exceed it.
+
+        Args:
+            target_weight: the most the taken items' weights may sum to (> 0).
+            key: the queue to take from.
+            async_op: return an ``AsyncWork`` at once instead of waiting.
+            timeout: seconds to wait; ``None``: the configured default
+                (``RLINF_TIMEOUT``; with ``async_op``, the work's ``wait`` bounds it).
+
+        Returns the list of items, head first, or with ``async_op`` an ``AsyncWork``.
+
+        Raises:
+            ValueError: ``target_weight`` is not a positive number.
+            CommTimeoutError: the channel's host did not answer within ``timeout``.
+            CommunicationError: the host failed or cannot be reached.
         """
         if isinstance(target_weight, bool) or not isinstance(target_weight, (int, float)) or target_weight <= 0:
             raise ValueError(f"target_weight must be a positive number, got {target_weight!r}")
@@ -299,12 +408,39 @@ class Channel:
         return self._call(ctrl, (), async_op, timeout, _decode_many)
 
     def qsize(self, key: str = DEFAULT_KEY) -> int:
+        """How many items ``key``'s queue holds now.
+
+        Args:
+            key: the queue to count.
+
+        Raises:
+            CommTimeoutError: the channel's host did not answer within ``timeout``.
+            CommunicationError: the host failed or cannot be reached.
+        """
         return self._call({"op": "qsize", "key": _check_key(key)}, timeout=config.default_timeout())
 
     def empty(self, key: str = DEFAULT_KEY) -> bool:
+        """Whether ``key``'s queue holds no item now.
+
+        Args:
+            key: the queue to look at.
+
+        Raises:
+            CommTimeoutError: the channel's host did not answer within ``timeout``.
+            CommunicationError: the host failed or cannot be reached.
+        """
         return self.qsize(key) == 0
 
     def full(self, key: str = DEFAULT_KEY) -> bool:
+        """Whether ``key``'s queue is at the channel's ``maxsize`` now (never for an unbounded channel).
+
+        Args:
+            key: the queue to look at.
+
+        Raises:
+            CommTimeoutError: the channel's host did not answer within ``timeout``.
+            CommunicationError: the host failed or cannot be reached.
+        """
         return self._call({"op": "full", "key": _check_key(key)}, timeout=config.default_timeout())
 
 

@@ -102,7 +102,14 @@ class ChannelWorker(Worker):
     MEM_CLEAN_PERIOD_SECONDS = 5
 
     def __init__(self, maxsize: int = 0):
-        """Args: maxsize: the most items each key's queue holds (0: unbounded).  Raises ``ValueError`` if negative."""
+        """Set up the default key's queue.
+
+        Args:
+            maxsize: the most items each key's queue holds (0: unbounded).
+
+        Raises:
+            ValueError: ``maxsize`` is not an int >= 0.
+        """
         super().__init__()
         if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0:
             raise ValueError(f"maxsize must be an int >= 0 (0: unbounded), got {maxsize!r}")
@@ -151,7 +158,12 @@ class ChannelWorker(Worker):
 
     # -- queues ---------------------------------------------------------------------
     def create_queue(self, key: Any, maxsize: int = 0) -> None:
-        """Create ``key``'s queue holding at most ``maxsize`` items (0: unbounded); nothing if it exists."""
+        """Create ``key``'s queue; nothing if it exists already.
+
+        Args:
+            key: the queue's key (any hashable).
+            maxsize: the most items it holds (0: unbounded).
+        """
         if key not in self._queue_map:
             self._queue_map[key] = PeekQueue(maxsize=maxsize)
 
@@ -160,26 +172,46 @@ class ChannelWorker(Worker):
         return self._queue_map[key]
 
     def qsize(self, key: Any = DEFAULT_KEY) -> int:
-        """How many items ``key``'s queue holds (0 for a key never used)."""
+        """How many items ``key``'s queue holds (0 for a key never used).
+
+        Args:
+            key: the queue's key (default: the default key).
+        """
         queue = self._queue_map.get(key)
         return 0 if queue is None else queue.qsize()
 
     def empty(self, key: Any = DEFAULT_KEY) -> bool:
-        """Whether ``key``'s queue is empty (True for a key never used)."""
+        """Whether ``key``'s queue is empty (True for a key never used).
+
+        Args:
+            key: the queue's key (default: the default key).
+        """
         return self.qsize(key) == 0
 
     def full(self, key: Any = DEFAULT_KEY) -> bool:
-        """Whether ``key``'s queue is at its ``maxsize`` (False for a key never used)."""
+        """Whether ``key``'s queue is at its ``maxsize`` (False for a key never used).
+
+        Args:
+            key: the queue's key (default: the default key).
+        """
         queue = self._queue_map.get(key)
         return False if queue is None else queue.full()
 
     def maxsize(self, key: Any = DEFAULT_KEY) -> int:
-        """The bound of ``key``'s queue (the default queue's for a key never used)."""
+        """The bound of ``key``'s queue (0: unbounded).
+
+        Args:
+            key: the queue's key; for a key never used, the default queue's bound.
+        """
         queue = self._queue_map.get(key, self._queue_map[DEFAULT_KEY])
         return queue.maxsize
 
     def peek_all(self, key: Any = DEFAULT_KEY) -> list:
-        """The ``WeightedItem``\\ s of ``key``'s queue, head first, leaving them queued."""
+        """The ``WeightedItem`` objects of ``key``'s queue, head first, leaving them queued.
+
+        Args:
+            key: the queue's key (created empty if never used).
+        """
         return self._queue(key).peek_all()
 
     async def _enqueue(self, item: Any, weight, key: Any, nowait: bool) -> None:
@@ -213,16 +245,41 @@ class ChannelWorker(Worker):
 
     # -- from the driver (RLinf: "via Ray") ------------------------------------------
     async def put_via_ray(self, item: Any, weight: int, key: Any = DEFAULT_KEY, nowait: bool = False) -> None:
-        """Queue ``item`` under ``key`` with ``weight``, waiting for room (``nowait``: raise ``asyncio.QueueFull``)."""
+        """Queue ``item`` under ``key`` with ``weight`` (called from the driver as a group method).
+
+        Args:
+            item: the object to queue.
+            weight: what it counts for in ``get_batch``.
+            key: the queue's key.
+            nowait: raise instead of waiting for room.
+
+        Raises:
+            asyncio.QueueFull: ``nowait`` and the queue is full.
+        """
         await self._enqueue(item, weight, key, nowait)
 
     async def get_via_ray(self, key: Any = DEFAULT_KEY, nowait: bool = False) -> Any:
-        """Take and return the head item of ``key``, waiting for one (``nowait``: raise ``asyncio.QueueEmpty``)."""
+        """Take and return the head item of ``key``, waiting for one.
+
+        Args:
+            key: the queue's key.
+            nowait: raise instead of waiting for an item.
+
+        Raises:
+            asyncio.QueueEmpty: ``nowait`` and the queue is empty.
+        """
         return (await self._dequeue(key, nowait)).item
 
     async def get_batch_via_ray(self, target_weight: int, key: Any = DEFAULT_KEY) -> list:
-        """Take and return the longest head run of ``key`` whose weights sum to at most ``target_weight``,
-        waiting until it reaches the target or the next item would exceed it."""
+        """Take and return the longest head run of ``key`` whose weights sum to at most ``target_weight``.
+
+        Waits until the run reaches the target or the next item would exceed it;
+        an empty list if the head alone exceeds it.
+
+        Args:
+            target_weight: the most the taken items' weights may sum to.
+            key: the queue's key.
+        """
         return await self._take_batch(target_weight, key)
 
     # -- from workers: a group call paired with a point-to-point transfer -------------
@@ -249,7 +306,14 @@ class ChannelWorker(Worker):
         self._send_back((item, query_id), dst_addr)
 
     async def get_batch(self, dst_addr: WorkerAddress, query_id: int, target_weight: int, key: Any = DEFAULT_KEY) -> None:
-        """Take a batch as ``get_batch_via_ray`` does and send ``(batch, query_id)`` to the worker at ``dst_addr``."""
+        """Take a batch as ``get_batch_via_ray`` does and send ``(batch, query_id)`` to ``dst_addr``.
+
+        Args:
+            dst_addr: the consumer, which receives the pair with ``recv``.
+            query_id: the consumer's id for this request, sent back with the batch.
+            target_weight: the most the taken items' weights may sum to.
+            key: the queue's key.
+        """
         batch = await self._take_batch(target_weight, key)
         self._send_back((batch, query_id), dst_addr)
 
@@ -269,8 +333,13 @@ class ChannelWorker(Worker):
         _on_done(work, finished, failed)
 
     async def ensure_key_replica(self, key: Any, src_node_rank: int = -1) -> int:
-        """The rank of the replica that holds ``key``: fixed at its first use, to the replica of the producer's
-        node (``src_node_rank``) when there is one, else rank 0."""
+        """The rank of the replica that holds ``key``, fixed at its first use.
+
+        Args:
+            key: the queue's key.
+            src_node_rank: the producer's node; its replica gets a new key when
+                there is one (-1 or out of range: rank 0).
+        """
         default = src_node_rank if 0 <= src_node_rank < self._world_size else 0
         return self._key_to_channel_rank.setdefault(key, default)
 
