@@ -346,10 +346,18 @@ class ClusterConfig:
 
     @staticmethod
     def from_dict_cfg(cfg_dict: Any) -> "ClusterConfig":
-        """The ``ClusterConfig`` of a ``cluster`` section (dict or OmegaConf); unknown top-level keys are ignored.
+        """The ``ClusterConfig`` of a ``cluster`` section; unknown top-level keys are ignored.
+
+        Args:
+            cfg_dict: the section, a dict or an OmegaConf ``DictConfig``.
 
         Raises:
-            ClusterConfigError: the section is invalid.
+            ClusterConfigError: the section is invalid (a missing or mistyped field, a bad node group).
+
+        Example:
+            ```python
+            config = ClusterConfig.from_dict_cfg({"num_nodes": 2, "component_placement": {"actor": "0-15"}})
+            ```
         """
         cfg = to_plain(cfg_dict)
         _, _, valid = dataclass_arg_check(ClusterConfig, cfg, no_check_unknown=True, error_suffix="in cluster_cfg")
@@ -393,15 +401,27 @@ class ClusterConfig:
         return [g.label for g in self.node_groups or []]
 
     def get_node_group(self, label: str) -> Optional[NodeGroupConfig]:
-        """The node group with this label, or None."""
+        """The node group with this label, or None.
+
+        Args:
+            label: the node group's ``label``.
+        """
         return next((g for g in self.node_groups or [] if g.label == label), None)
 
     def get_node_labels_by_rank(self, node_rank: int) -> list[str]:
-        """Labels of the node groups node ``node_rank`` belongs to (``[]`` when none)."""
+        """Labels of the node groups node ``node_rank`` belongs to (``[]`` when none).
+
+        Args:
+            node_rank: the node's rank in the cluster (``0 .. num_nodes - 1``).
+        """
         return [g.label for g in self.node_groups or [] if node_rank in g.node_ranks]
 
     def get_node_python_interpreter_path_by_rank(self, node_rank: int) -> list[str]:
-        """Every interpreter path the node groups give node ``node_rank``."""
+        """Every interpreter path the node groups' ``env_configs`` give node ``node_rank``.
+
+        Args:
+            node_rank: the node's rank in the cluster (``0 .. num_nodes - 1``).
+        """
         out = []
         for g in self.node_groups or []:
             for env in g.env_configs or []:
@@ -410,7 +430,11 @@ class ClusterConfig:
         return out
 
     def get_node_hw_configs_by_rank(self, node_rank: int) -> list:
-        """Every hardware config entry attached to node ``node_rank``, across node groups."""
+        """Every hardware config entry attached to node ``node_rank``, across node groups.
+
+        Args:
+            node_rank: the node's rank in the cluster (``0 .. num_nodes - 1``).
+        """
         out = []
         for g in self.node_groups or []:
             if g.hardware is not None and node_rank in g.node_ranks:
@@ -418,7 +442,11 @@ class ClusterConfig:
         return out
 
     def get_node_hw_configs_by_type(self, node_rank: int) -> dict[str, list]:
-        """Node ``node_rank``'s hardware config entries grouped by hardware type."""
+        """Node ``node_rank``'s hardware config entries grouped by hardware type.
+
+        Args:
+            node_rank: the node's rank in the cluster (``0 .. num_nodes - 1``).
+        """
         out: dict[str, list] = {}
         for g in self.node_groups or []:
             if g.hardware is not None:

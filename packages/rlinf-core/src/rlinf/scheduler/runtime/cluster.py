@@ -186,17 +186,25 @@ def _wait_for_nodes(session: LauncherSession, wanted: int, timeout: float) -> li
 class Cluster:
     """The set of nodes workers can be placed on.
 
-    ``num_nodes``: use the first N nodes, waiting (at most ``RLINF_NODE_WAIT_TIMEOUT``
-    seconds, 300 by default) until N have joined a cluster that nodes can join
-    (an embedded one cannot: too few nodes is an error at once); ``None`` or 0: every alive
-    node.  ``cluster_cfg``: RLinf's ``cluster`` section (``num_nodes``,
-    ``component_placement``, ``node_groups``), a dict or an OmegaConf object.
-    ``distributed_log_dir``: a directory (created if needed) where every
-    worker launched afterwards from this process also writes its log lines,
-    one file per worker, ``<dir>/<worker address>.log`` (RLinf splits each
-    worker's Ray log into ``<dir>/<group>/rank_<rank>.log``).
-    ``launcher``: the launcher plugin's name.  Other keywords go to the
-    launcher (for Ray: ``address``, ``temp_dir``, ``num_cpus``, ...).
+    Made once in the driver (and again, to the same cluster, inside any worker
+    that launches groups of its own).  A first ``Cluster()`` starts or joins
+    the launcher's cluster; later ones in the process share it.
+
+    Args:
+        num_nodes: use the first N nodes, waiting (at most
+            ``RLINF_NODE_WAIT_TIMEOUT`` seconds, 300 by default) until N have
+            joined a cluster that nodes can join (an embedded one cannot: too
+            few nodes is an error at once); ``None`` or 0: every alive node.
+        cluster_cfg: RLinf's ``cluster`` section (``num_nodes``,
+            ``component_placement``, ``node_groups``), a dict or an OmegaConf object.
+        distributed_log_dir: a directory (created if needed) where every worker
+            launched afterwards from this process also writes its log lines, one
+            file per worker, ``<dir>/<worker address>.log`` (RLinf splits each
+            worker's Ray log into ``<dir>/<group>/rank_<rank>.log``).
+        launcher: the launcher plugin's name (default: the one installed, or
+            inside a worker the worker's own).
+        **options (Any): passed to the launcher (for Ray: ``address``,
+            ``temp_dir``, ``num_cpus``, ...).
 
     Raises:
         ValueError: a bad ``num_nodes``, a ``cluster_cfg`` that disagrees with it, too few nodes where none
@@ -204,6 +212,12 @@ class Cluster:
         ClusterConfigError: an invalid ``cluster_cfg`` (before connecting).
         TypeError: ``distributed_log_dir`` is not a path, ``cluster_cfg`` not a mapping.
         TimeoutError: fewer than ``num_nodes`` nodes joined in time.
+
+    Example:
+        ```python
+        cluster = Cluster(num_nodes=1)
+        group = MyWorker.create_group().launch(cluster, PackedPlacementStrategy(0, 3), name="actor")
+        ```
     """
 
     def __init__(
@@ -266,22 +280,27 @@ class Cluster:
 
     @property
     def session(self) -> LauncherSession:
+        """The launcher's session behind this cluster (``LauncherSession``): for plugins and tools."""
         return self._session
 
     @property
     def launcher_name(self) -> str:
+        """The name of the launcher plugin that runs this cluster's workers (``"ray"``, ``"cpu"``, ``"mpi"``)."""
         return self._session.launcher_name
 
     @property
     def nodes(self) -> list[NodeInfo]:
+        """The nodes in use, ``NodeInfo`` each, in node-rank order (a copy)."""
         return list(self._nodes)
 
     @property
     def num_nodes(self) -> int:
+        """How many nodes this cluster uses."""
         return len(self._nodes)
 
     @property
     def num_accelerators(self) -> int:
+        """How many accelerators (GPUs, NPUs, ...) the nodes in use have together."""
         return sum(n.num_gpus for n in self._nodes)
 
     @property
@@ -296,30 +315,69 @@ class Cluster:
 
     @property
     def component_placement(self) -> Optional[dict]:
+        """The ``component_placement`` section of ``cluster_cfg``, or None without a config."""
         return None if self._cfg is None else self._cfg.get("component_placement")
 
     @property
     def node_groups(self) -> list[dict]:
+        """The ``node_groups`` entries of ``cluster_cfg`` (dicts); empty without a config."""
         return [] if self._cfg is None else list(self._cfg.get("node_groups") or [])
 
     def get_node_group(self, label: str) -> Optional[dict]:
-        """The ``node_groups`` entry with this label (its node ranks, env vars, ...), or None."""
+        """The ``node_groups`` entry with this label (its node ranks, env vars, ...), or None.
+
+        Args:
+            label: the node group's ``label`` in ``cluster_cfg``.
+        """
         return next((g for g in self.node_groups if g.get("label") == label), None)
 
     def get_node_info(self, node_rank: int) -> NodeInfo:
+        """The ``NodeInfo`` of one node in use (IP, accelerators, hardware).
+
+        Args:
+            node_rank: the node's rank, ``0 .. num_nodes - 1``.
+
+        Raises:
+            ValueError: ``node_rank`` is not a node rank of this cluster.
+        """
         if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < len(self._nodes):
             raise ValueError(f"invalid node rank {node_rank!r}: this cluster has nodes 0..{len(self._nodes) - 1}")
         return self._nodes[node_rank]
 
     def get_node_ip(self, node_rank: int) -> str:
+        """The IP address of one node in use.
+
+        Args:
+            node_rank: the node's rank, ``0 .. num_nodes - 1``.
+
+        Raises:
+            ValueError: ``node_rank`` is not a node rank of this cluster.
+        """
         return self.get_node_info(node_rank).ip
 
     def trace(self, path) -> "tracing.TraceBlock":
-        """``with cluster.trace("run.json"):`` records a timeline of the block (every worker) into that file."""
+        """Record a timeline of a ``with`` block (every worker's spans) into a file.
+
+        Args:
+            path (str | os.PathLike): the Chrome-trace JSON file written when the block ends.
+
+        Example:
+            ```python
+            with cluster.trace("run.json"):
+                group.step().wait()
+            ```
+        """
         return tracing.TraceBlock(self, path)
 
     def dump_trace(self, path) -> str:
-        """Write what has been traced so far (``RLINF_TRACE`` or a ``trace()`` block) to ``path`` now."""
+        """Write what has been traced so far (``RLINF_TRACE`` or a ``trace()`` block) to ``path`` now.
+
+        Args:
+            path (str | os.PathLike): the Chrome-trace JSON file to write.
+
+        Returns:
+            The path written.
+        """
         return tracing.dump(self, path)
 
     @hook("cluster_shutdown")
