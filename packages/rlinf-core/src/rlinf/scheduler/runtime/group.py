@@ -84,7 +84,17 @@ def stop_launched_groups() -> None:
 
 
 class WorkerGroupFuncResult:
-    """The pending result of one group call."""
+    """The pending result of one group call (``group.method(...)`` returns it).
+
+    ``wait()`` (or ``await``) gives the results in rank order.
+
+    Args:
+        group: the group called.
+        method: the method's name.
+        ranks: the ranks that run the call.
+        calls: the launcher's pending calls, one per rank.
+        session: the launcher session the calls went to.
+    """
 
     def __init__(self, group: "WorkerGroup", method: str, ranks: list[int], calls: list, session: LauncherSession):
         self._group = group
@@ -98,9 +108,11 @@ class WorkerGroupFuncResult:
 
     @property
     def ranks(self) -> list[int]:
+        """The ranks that run this call, in the order of the results."""
         return list(self._ranks)
 
     def done(self) -> bool:
+        """Whether every rank has finished the call (without waiting)."""
         return self._outcomes is not None or all(c.done() for c in self._calls)
 
     @hook("group_result")
@@ -129,7 +141,16 @@ class WorkerGroupFuncResult:
         return [o.value for o in self._outcomes]
 
     def wait(self, timeout: Optional[float] = None) -> list:
-        """Results in rank order; raises the primary failure if any rank failed."""
+        """Results in rank order, once every rank finished.
+
+        Args:
+            timeout: seconds to wait; ``None``: until the calls end (a dead worker ends its call).
+
+        Raises:
+            WorkerMethodError: a rank's method raised (the primary failure; ``errors`` lists every rank's).
+            WorkerDiedError: a rank's worker process died during the call.
+            TimeoutError: the calls did not finish within ``timeout``.
+        """
         timeout = config.check_timeout(timeout)
         if self._outcomes is not None:
             return self._results()
@@ -162,14 +183,27 @@ class WorkerGroupFuncResult:
         return self.async_wait().__await__()
 
     def consume_duration(self, reduction_type: str = "max"):
-        """RLinf's name for ``consume_durations(reduction_type)``: ``{tag: seconds}`` reduced over the ranks."""
+        """RLinf's name for ``consume_durations(reduction_type)``.
+
+        Args:
+            reduction_type: ``"max"``, ``"min"`` or ``"mean"`` over the ranks.
+
+        Raises:
+            ValueError: an unknown ``reduction_type``.
+        """
         return self.consume_durations(reduction_type)
 
     def consume_durations(self, reduction_type: str = "max", return_per_rank: bool = False):
         """Timings of this call, ``{tag: seconds}`` reduced over the ranks that ran it.
 
-        Consumed once: a second call returns ``{}``.  With ``return_per_rank``,
-        returns ``(reduced, [per-rank dict, ...])``.
+        Waits for the call first; consumed once: a second call returns ``{}``.
+
+        Args:
+            reduction_type: ``"max"``, ``"min"`` or ``"mean"`` over the ranks.
+            return_per_rank: return ``(reduced, [per-rank dict, ...])`` instead.
+
+        Raises:
+            ValueError: an unknown ``reduction_type``.
         """
         if reduction_type not in ("max", "min", "mean"):
             raise ValueError(f"reduction_type must be 'max', 'min' or 'mean', got {reduction_type!r}")
@@ -203,7 +237,17 @@ def _public_methods(cls: type) -> set[str]:
 
 
 class WorkerGroup:
-    """A group of workers of one class, launched together."""
+    """A group of workers of one class, launched together.
+
+    Made with ``WorkerClass.create_group(...)``; calling a method of the worker
+    class on the launched group runs it on every worker (or the ranks chosen
+    with ``execute_on``) and returns a ``WorkerGroupFuncResult``.
+
+    Args:
+        worker_cls: the ``Worker`` subclass.
+        args: positional arguments for each worker's ``__init__``.
+        kwargs: keyword arguments for each worker's ``__init__``.
+    """
 
     def __init__(self, worker_cls: type, args: tuple = (), kwargs: Optional[dict] = None):
         self._cls = worker_cls
@@ -231,13 +275,30 @@ class WorkerGroup:
     ) -> "WorkerGroup":
         """Start one worker per placement; every keyword RLinf's ``launch`` takes is honoured.
 
-        ``max_concurrency``: most calls one worker runs at once (async workers:
-        default 1000, as Ray's async actors; others: 1).  ``isolate_gpu`` (default
-        True): each worker sees its group's accelerators on its node, its own at
-        index ``LOCAL_RANK`` (see ``accelerator``); False: all accelerators of
-        its node, in the node's numbering (``gpu_id`` is then the node-local id).  ``catch_system_failure`` (default: env ``RLINF_CATCH_FAILURE``, else
-        True): a ``SystemExit`` raised in a call is reported as that call's error;
-        with False it ends the worker process (reported as a dead worker).
+        Args:
+            cluster: where to launch (default: ``Cluster()``).
+            placement_strategy: where each worker goes (default: one worker per accelerator, or one on node 0).
+            name: the group's name, unique in the cluster (default: from the class name).
+            max_concurrency: most calls one worker runs at once (async workers:
+                default 1000, as Ray's async actors; others: 1).
+            isolate_gpu: each worker sees its group's accelerators on its node, its
+                own at index ``LOCAL_RANK``; False: all of its node's, in the node's numbering.
+            catch_system_failure: a ``SystemExit`` in a call is that call's error
+                (default: ``RLINF_CATCH_FAILURE``, else True); False: it ends the worker.
+            timeout: seconds the launch may take (default ``RLINF_LAUNCH_TIMEOUT``).
+
+        Raises:
+            GroupNameError: a group of that name is running.
+            LaunchError: a worker failed to start, or the launcher cannot run this class's calls.
+            TypeError: a wrongly typed argument, or a class/arguments that cannot be sent.
+            ValueError: a bad ``max_concurrency`` or placement.
+            RuntimeError: the group is launched already.
+
+        Example:
+            ```python
+            group = Actor.create_group(cfg).launch(cluster, PackedPlacementStrategy(0, 7), name="actor")
+            print(group.train(batch).wait())
+            ```
         """
         if self._session is not None:
             raise RuntimeError(f"group {self._name!r} is already launched")
@@ -341,6 +402,15 @@ class WorkerGroup:
         dropped: groups live until stopped) or by another process of the
         cluster, a worker say.  The result calls the same workers;
         ``stop()`` on it stops the group for everyone.
+
+        Args:
+            worker_class: the group's worker class.
+            group_name: the running group's name.
+            cluster: its cluster (default: ``Cluster()``).
+
+        Raises:
+            GroupNameError: no group of that name is running.
+            TypeError: the group runs another class, or ``cluster`` is not a ``Cluster``.
         """
         if not isinstance(worker_class, type):
             raise TypeError(f"worker_class must be a class, got {worker_class!r}")
@@ -369,22 +439,34 @@ class WorkerGroup:
     # -- attributes -----------------------------------------------------------
     @property
     def worker_group_name(self) -> Optional[str]:
+        """The group's name in the cluster; None before ``launch``."""
         return self._name
 
     @property
     def world_size(self) -> int:
+        """How many workers the group has (0 before ``launch``)."""
         return len(self._records)
 
     @property
     def worker_info_list(self):
+        """The ``WorkerInfo`` of each worker, in rank order."""
         return [r.info for r in self._records]
 
     @property
     def worker_cls(self) -> type:
+        """The group's worker class."""
         return self._cls
 
     def execute_on(self, *ranks: int) -> "WorkerGroup":
-        """Run the next call on these ranks only."""
+        """Run the next call on these ranks only; returns the group, for chaining.
+
+        Args:
+            *ranks: ranks (ints, or lists/tuples of them), each ``0 .. world_size - 1``.
+
+        Raises:
+            ValueError: no rank, or one out of range.
+            RuntimeError: the group is not launched, or stopped.
+        """
         self._require_launched()
         flat: list[int] = []
         for r in ranks:
