@@ -61,7 +61,27 @@ def describe_running(names) -> str:
 
 
 class WorkerAddress:
-    """The cluster-wide name of one worker: a root group name and a rank path."""
+    """The cluster-wide name of one worker: a root group name and a rank path.
+
+    Rank 2 of group ``"actor"`` is ``WorkerAddress("actor", 2)``, named
+    ``"actor:2"``; a worker that rank 2 started as its rank 0 is
+    ``WorkerAddress("actor", [2, 0])``, ``"actor:2:0"``.  Addresses compare,
+    sort and hash by value.
+
+    Args:
+        root_group_name: the name of the top-level group.
+        ranks: the rank path: an int, a list/tuple of ints, or None (the group itself).
+
+    Raises:
+        ValueError: an invalid group name or a negative rank.
+        TypeError: a rank that is not an int.
+
+    Example:
+        ```python
+        >>> WorkerAddress("actor", 2).get_child_address(0).get_name()
+        'actor:2:0'
+        ```
+    """
 
     __slots__ = ("_root", "_ranks", "_name")
 
@@ -73,7 +93,14 @@ class WorkerAddress:
     # -- construction -----------------------------------------------------
     @classmethod
     def from_name(cls, name: str) -> "WorkerAddress":
-        """Parse ``"group:0:1"`` back into an address."""
+        """Parse a name such as ``"group:0:1"`` back into an address.
+
+        Args:
+            name: what ``get_name()`` returned.
+
+        Raises:
+            ValueError: ``name`` is empty, not a str, or has ranks that are not integers.
+        """
         if not isinstance(name, str) or not name:
             raise ValueError(f"invalid worker address name {name!r}")
         root, *parts = name.split(_SEP)
@@ -85,15 +112,26 @@ class WorkerAddress:
 
     @classmethod
     def from_parent_name(cls, parent_name: str, rank: int) -> "WorkerAddress":
+        """The address of rank ``rank`` among the workers that ``parent_name`` started.
+
+        Args:
+            parent_name: the parent worker's name (``get_name()``).
+            rank: the child's rank.
+
+        Raises:
+            ValueError: ``parent_name`` is not a valid address name.
+        """
         return cls.from_name(parent_name).get_child_address(rank)
 
     # -- attributes -------------------------------------------------------
     @property
     def root_group_name(self) -> str:
+        """The name of the top-level group this address lies in."""
         return self._root
 
     @property
     def rank_path(self) -> list[int]:
+        """The ranks from the root group down to this worker (a copy; ``[]`` for a group)."""
         return list(self._ranks)
 
     @property
@@ -110,19 +148,35 @@ class WorkerAddress:
 
     # -- navigation -------------------------------------------------------
     def get_name(self) -> str:
+        """The address as one string, ``"group:rank:rank..."``, as ``from_name`` reads it."""
         return self._name
 
     def get_parent_rank(self) -> int:
+        """The rank of the worker that started this one (the second-to-last of the path).
+
+        Raises:
+            ValueError: this worker has no parent worker.
+        """
         if len(self._ranks) < 2:
             raise ValueError(f"worker {self.get_name()!r} has no parent worker")
         return self._ranks[-2]
 
     def get_parent_address(self) -> "WorkerAddress":
+        """The address with the last rank removed: the parent worker's, or the root group's.
+
+        Raises:
+            ValueError: this address names a group, which has no parent.
+        """
         if not self._ranks:
             raise ValueError(f"group address {self.get_name()!r} has no parent")
         return WorkerAddress(self._root, self._ranks[:-1])
 
     def get_child_address(self, rank: int) -> "WorkerAddress":
+        """The address of rank ``rank`` among the workers this one started.
+
+        Args:
+            rank: the child's rank (an int, or a rank path appended as a whole).
+        """
         return WorkerAddress(self._root, self._ranks + _normalize_ranks(rank))
 
     # -- value semantics --------------------------------------------------

@@ -19,6 +19,24 @@ class WorkerInfo:
     and ``num_accelerators`` as properties over the seed's); the ones added
     after the seed's have defaults, so a record built with the seed's fields
     only is valid.
+
+    Attributes:
+        address: the worker's ``WorkerAddress``.
+        rank: its rank in its group.
+        node_id: its node's rank in the cluster.
+        gpu_id: its first global accelerator rank, or None.
+        node_ip: its node's IP address.
+        available_gpus: the device ids it can see.
+        pid: its process id.
+        hostname: its node's host name.
+        group_world_size: how many workers its group has.
+        local_rank: its rank among its group's workers on its node.
+        local_world_size: how many workers of its group its node runs.
+        accelerator_type: ``"NV_GPU"``, ``"NO_ACCEL"``, ... (RLinf's names).
+        accelerator_model: the accelerator's model as the node reports it ("" when unknown).
+        accelerator_rank: the node-local index of its first accelerator (-1 without one).
+        node_port: a port its node offers it (0 when none was reserved).
+        hardware_infos: ``HardwareInfo`` records of the hardware it was placed on.
     """
 
     address: WorkerAddress
@@ -51,6 +69,7 @@ class WorkerInfo:
 
     @property
     def node_rank(self) -> int:
+        """The node's rank in the cluster (``node_id``)."""
         return self.node_id
 
     @property
@@ -60,6 +79,7 @@ class WorkerInfo:
 
     @property
     def num_accelerators(self) -> int:
+        """How many accelerators the worker can see."""
         return len(self.available_gpus)
 
     def describe(self) -> str:
