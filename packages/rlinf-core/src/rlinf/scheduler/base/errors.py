@@ -71,6 +71,19 @@ class WorkerError(RlinfError, RuntimeError):
         remote_traceback: Optional[str] = None,
         timestamp: Optional[float] = None,
     ):
+        """Record who failed and where; the message shows all of it.
+
+        Args:
+            summary: what went wrong, in one line.
+            group: the group's name.
+            rank: the worker's rank in it.
+            node: its node's rank.
+            node_ip: its node's IP address.
+            method: the method that was running, if any.
+            pid: the worker's process id.
+            remote_traceback: the worker's traceback, appended to the message.
+            timestamp: when it failed (``time.time()``; default: now).
+        """
         self.summary = summary
         self.group = group
         self.rank = rank
@@ -83,6 +96,7 @@ class WorkerError(RlinfError, RuntimeError):
         super().__init__(self._render())
 
     def where(self) -> str:
+        """Where the failure happened, as in the message: ``"group 'actor' rank 3 (node 1, 10.0.0.2, pid 4242)"``."""
         parts = []
         if self.group is not None:
             parts.append(f"group {self.group!r}")
@@ -125,6 +139,14 @@ class WorkerMethodError(WorkerError):
     """A worker method raised; ``remote_traceback`` holds the worker's traceback."""
 
     def __init__(self, summary: str, *, exc_type: str = "", **kw):
+        """Record a worker method's exception.
+
+        Args:
+            summary: the exception's type and message.
+            exc_type: the name of the exception's type in the worker.
+            **kw (Any): the location fields of ``WorkerError`` (``group``, ``rank``,
+                ``node``, ``node_ip``, ``method``, ``pid``, ``remote_traceback``, ``timestamp``).
+        """
         self.exc_type = exc_type
         super().__init__(summary, **kw)
 
@@ -143,6 +165,12 @@ class CommunicationError(RlinfError, RuntimeError):
     secondary = False
 
     def __init__(self, message: str, *, peer: Optional[str] = None):
+        """A communication failure, naming the peer when known.
+
+        Args:
+            message: what failed.
+            peer: the peer's address or host, kept as ``peer``.
+        """
         self.peer = peer
         super().__init__(message)
 

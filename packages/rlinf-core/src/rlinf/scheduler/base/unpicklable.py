@@ -25,9 +25,13 @@ MAX_NODES = 2000
 class UnpicklableError(TypeError):
     """An object to be sent to another process cannot be pickled.
 
-    A ``TypeError``, as pickle's own error is.  ``path`` is where the part that
-    does not pickle sits in the object (``"item['state'].lock"``), or ``None``
-    when no single part could be named.
+    A ``TypeError``, as pickle's own error is.
+
+    Args:
+        message: what could not be sent, and why.
+        path: where the part that does not pickle sits in the object
+            (``"item['state'].lock"``), or ``None`` when no single part could be
+            named; kept as ``path``.
     """
 
     def __init__(self, message: str, path: Optional[str] = None):

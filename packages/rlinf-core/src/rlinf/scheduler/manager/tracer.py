@@ -41,7 +41,9 @@ class Tracer:
             name: the span's name.
             cat: its category (``cat`` on the timeline).
             args: JSON-ready values shown with it.
-        Raises ``TypeError`` for a name or category that is not a str, or args that are not a dict.
+
+        Raises:
+            TypeError: a name or category that is not a str, or args that are not a dict.
         """
         spans.begin(name, cat, args)
 
@@ -58,7 +60,22 @@ class Tracer:
     @classmethod
     @contextlib.contextmanager
     def trace_span(cls, name: str, cat: str = "default", args: Optional[dict] = None):
-        """``with Tracer.trace_span("step"):``: the block as one span, closed even if it raises."""
+        """Context manager: the ``with`` block as one span, closed even if it raises.
+
+        Args:
+            name: the span's name.
+            cat: its category.
+            args: JSON-ready values shown with it.
+
+        Raises:
+            TypeError: a name or category that is not a str, or args that are not a dict.
+
+        Example:
+            ```python
+            with Tracer.trace_span("rollout", cat="env"):
+                run_episode()
+            ```
+        """
         spans.begin(name, cat, args)
         try:
             yield
@@ -71,6 +88,10 @@ class Tracer:
 
         ``@Tracer.trace_func``, ``@Tracer.trace_func()``, ``@Tracer.trace_func("cat")`` and
         ``@Tracer.trace_func(cat="cat")`` all work; coroutine functions are spanned until they return.
+
+        Args:
+            func_or_cat: the function (used bare), a category (a str), or None.
+            cat: the category when ``func_or_cat`` is not one.
         """
         category = func_or_cat if isinstance(func_or_cat, str) else cat
 
