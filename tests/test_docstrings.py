@@ -1,0 +1,253 @@
+"""The API reference is complete: every public name has a docstring that documents it.
+
+Walks ``rlinf.scheduler.__all__``, ``rlinf.scheduler.plugins.__all__`` and
+``rlinf.testing.__all__``; for each class also its public methods and
+properties defined in rlinf's code (along its MRO; what comes from the
+standard library or a third-party base is not ours to document).  Each must
+have a docstring, and the docstring of a callable that takes arguments
+(besides ``self``/``cls``) must be more than one line and name every
+argument (in an ``Args:`` section, or for a pytest test in the conformance
+suites, the fixtures it uses in its text).  A class is documented together
+with its ``__init__`` (the reference merges the two), so its constructor's
+arguments may be described in either.
+
+A public method bound by assignment in a class body (``timer =
+staticmethod(timing.timer)``) shows in the reference as an attribute: it
+needs the attribute docstring, the string literal on the line after it.
+
+Imports the packages and reads sources only: no cluster, well under a second.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+import textwrap
+
+import pytest
+
+MODULES = ("rlinf.scheduler", "rlinf.scheduler.plugins", "rlinf.testing")
+
+# Names still to document: hardware, placement, plugin descriptors and
+# registry, routing helpers and the conformance suites' tests.  The list only
+# shrinks: document a name, then delete its line (test_allowlist_is_current
+# fails on an entry that is documented now, or gone); never add one.
+ALLOWLIST: frozenset[str] = frozenset({
+    "rlinf.scheduler.hardware.robots.DOSW1HWInfo",
+    "rlinf.scheduler.hardware.robots.DualFrankaHWInfo",
+    "rlinf.scheduler.hardware.robots.FrankaHWInfo",
+    "rlinf.scheduler.hardware.robots.GimArmHWInfo",
+    "rlinf.scheduler.hardware.robots.Turtle2HWInfo",
+    "rlinf.scheduler.plugins.accelerator_types.AcceleratorUtil.get_accel_pg_options",
+    "rlinf.scheduler.plugins.accelerator_types.AcceleratorUtil.get_accelerator_env_var",
+    "rlinf.scheduler.plugins.accelerator_types.AcceleratorUtil.get_ccl_backend",
+    "rlinf.scheduler.plugins.accelerator_types.AcceleratorUtil.get_ccl_socket_ifname_env_var",
+    "rlinf.scheduler.plugins.accelerator_types.AcceleratorUtil.get_device_type",
+    "rlinf.scheduler.plugins.accelerator_types.AcceleratorUtil.get_torch_platform",
+    "rlinf.scheduler.plugins.accelerator_types.AcceleratorUtil.get_visible_devices",
+    "rlinf.scheduler.plugins.accelerator_types.AcceleratorUtil.profiling_range",
+    "rlinf.scheduler.plugins.accelerator_types.AcceleratorUtil.start_profiling",
+    "rlinf.scheduler.plugins.accelerator_types.AcceleratorUtil.stop_profiling",
+    "rlinf.scheduler.plugins.component_placement.ComponentPlacement.components",
+    "rlinf.scheduler.plugins.component_placement.ComponentPlacement.get_hardware_ranks",
+    "rlinf.scheduler.plugins.component_placement.ComponentPlacement.get_strategy",
+    "rlinf.scheduler.plugins.component_placement.ComponentPlacement.get_world_size",
+    "rlinf.scheduler.plugins.component_placement.ComponentPlacement.placement_mode",
+    "rlinf.scheduler.plugins.component_placement.HybridComponentPlacement",
+    "rlinf.scheduler.plugins.component_placement.PlacementMode",
+    "rlinf.scheduler.plugins.descriptors.AcceleratorPlugin",
+    "rlinf.scheduler.plugins.descriptors.AcceleratorPlugin.check",
+    "rlinf.scheduler.plugins.descriptors.AcceleratorPlugin.device_count",
+    "rlinf.scheduler.plugins.descriptors.LauncherPlugin",
+    "rlinf.scheduler.plugins.descriptors.LauncherPlugin.check",
+    "rlinf.scheduler.plugins.descriptors.TransportPlugin",
+    "rlinf.scheduler.plugins.descriptors.TransportPlugin.check",
+    "rlinf.scheduler.plugins.hardware.HardwareInfo",
+    "rlinf.scheduler.plugins.manager.PluginRegistry",
+    "rlinf.scheduler.plugins.manager.PluginRegistry.all_provided",
+    "rlinf.scheduler.plugins.manager.PluginRegistry.failures",
+    "rlinf.scheduler.plugins.manager.PluginRegistry.launcher",
+    "rlinf.scheduler.plugins.manager.PluginRegistry.transport",
+    "rlinf.scheduler.plugins.placement.FlexiblePlacementStrategy",
+    "rlinf.scheduler.plugins.placement.FlexiblePlacementStrategy.get_placement",
+    "rlinf.scheduler.plugins.placement.NodePlacementStrategy.get_placement",
+    "rlinf.scheduler.plugins.placement.PackedPlacementStrategy",
+    "rlinf.scheduler.plugins.placement.PackedPlacementStrategy.get_placement",
+    "rlinf.scheduler.plugins.placement.PlacementStrategy.get_placement",
+    "rlinf.scheduler.worker.routing.CommMapper.build_channel_key",
+    "rlinf.scheduler.worker.routing.build_send_key",
+    "rlinf.testing.device.DeviceTransportConformance.connect",
+    "rlinf.testing.device.DeviceTransportConformance.deadline",
+    "rlinf.testing.device.DeviceTransportConformance.roundtrip",
+    "rlinf.testing.device.DeviceTransportConformance.test_order_and_repeated_use",
+    "rlinf.testing.device.DeviceTransportConformance.test_ordered_after_the_callers_stream",
+    "rlinf.testing.device.DeviceTransportConformance.test_peer_death_raises",
+    "rlinf.testing.device.DeviceTransportConformance.test_recv_deadline",
+    "rlinf.testing.device.DeviceTransportConformance.test_refuses_other_devices",
+    "rlinf.testing.device.DeviceTransportConformance.test_tensors_of_every_dtype_and_size",
+    "rlinf.testing.launcher.LauncherConformance.test_channel_between_worker_and_driver",
+    "rlinf.testing.launcher.LauncherConformance.test_environment",
+    "rlinf.testing.launcher.LauncherConformance.test_execute_on_and_timing",
+    "rlinf.testing.launcher.LauncherConformance.test_group_names_are_unique",
+    "rlinf.testing.launcher.LauncherConformance.test_killed_worker_is_reported",
+    "rlinf.testing.launcher.LauncherConformance.test_launch_and_parallel_calls",
+    "rlinf.testing.launcher.LauncherConformance.test_method_error_names_rank_and_method",
+    "rlinf.testing.launcher.LauncherConformance.test_nested_groups",
+    "rlinf.testing.launcher.LauncherConformance.test_point_to_point_between_groups",
+    "rlinf.testing.transport.TransportConformance.connect",
+    "rlinf.testing.transport.TransportConformance.deadline",
+    "rlinf.testing.transport.TransportConformance.test_a_process_with_another_secret_is_refused",
+    "rlinf.testing.transport.TransportConformance.test_both_directions_at_once",
+    "rlinf.testing.transport.TransportConformance.test_connect_to_nothing_fails_fast",
+    "rlinf.testing.transport.TransportConformance.test_endpoint_is_json",
+    "rlinf.testing.transport.TransportConformance.test_frames_of_every_size_round_trip",
+    "rlinf.testing.transport.TransportConformance.test_hello_reaches_the_listener",
+    "rlinf.testing.transport.TransportConformance.test_messages_keep_their_order",
+    "rlinf.testing.transport.TransportConformance.test_peer_death_raises_connection_error",
+    "rlinf.testing.transport.TransportConformance.test_probe_sees_a_live_peer",
+    "rlinf.testing.transport.TransportConformance.test_raw_flag_and_memoryviews",
+    "rlinf.testing.transport.TransportConformance.test_recv_deadline",
+    "rlinf.testing.transport.TransportConformance.test_recv_into_fills_and_checks_sizes",
+    "rlinf.testing.transport.TransportConformance.test_sends_to_a_peer_that_reads_nothing_end_by_their_deadlines",
+})
+
+
+def _ours(obj) -> bool:
+    return (getattr(obj, "__module__", None) or "").split(".")[0] == "rlinf"
+
+
+def _params(fn) -> list[str]:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []
+    return [name for name in sig.parameters if name not in ("self", "cls")]
+
+
+def _init_owner(cls):
+    """The class of ``cls``'s MRO whose ``__init__`` a call of ``cls`` runs."""
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            return klass
+    return object
+
+
+def _assigned_attribute_docs(klass) -> dict[str, str | None]:
+    """Names bound by assignment in ``klass``'s body, each with its attribute docstring (or None)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body
+    found = {}
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, ast.Assign):
+            targets = stmt.targets
+        else:
+            targets = [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+        nxt = body[i + 1] if i + 1 < len(body) else None
+        doc = (
+            nxt.value.value
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)
+            else None
+        )
+        for target in targets:
+            if isinstance(target, ast.Name):
+                found[target.id] = doc
+    return found
+
+
+def _targets():
+    """``(qualified name, docstring, parameter names)`` for every public object the reference documents."""
+    seen = set()
+    for modname in MODULES:
+        module = importlib.import_module(modname)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if id(obj) in seen or not _ours(obj):  # pluggy's hookspec/hookimpl markers are pluggy's
+                continue
+            seen.add(id(obj))
+            qualname = f"{obj.__module__}.{getattr(obj, '__qualname__', name)}"
+            if not inspect.isclass(obj):
+                yield qualname, obj.__doc__, _params(obj)
+                continue
+            owner = _init_owner(obj)
+            if _ours(owner):
+                docs = [obj.__doc__ or "", owner.__init__.__doc__ or ""]
+                yield qualname, "\n".join(docs).strip() or None, _params(owner.__init__)
+            else:
+                yield qualname, obj.__doc__, []
+            for klass in obj.__mro__:
+                if not _ours(klass) or klass in seen:
+                    continue
+                seen.add(klass)
+                assigned = _assigned_attribute_docs(klass)
+                for attr, value in vars(klass).items():
+                    if attr.startswith("_"):
+                        continue
+                    where = f"{klass.__module__}.{klass.__qualname__}.{attr}"
+                    if isinstance(value, property):
+                        yield where, value.__doc__, []
+                        continue
+                    fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+                    if not inspect.isfunction(fn):
+                        continue
+                    if attr in assigned:  # bound by assignment: the reference shows the attribute docstring
+                        yield where, assigned[attr], _params(fn)
+                    else:
+                        yield where, fn.__doc__, _params(fn)
+
+
+def _problem(doc: str | None, params: list[str]) -> str | None:
+    if not doc or not doc.strip():
+        return "no docstring"
+    if not params:
+        return None
+    if len(doc.strip().splitlines()) < 2:
+        return f"a one-line docstring for a callable with arguments {params}"
+    unnamed = [p for p in params if not re.search(rf"(?<![A-Za-z0-9_]){re.escape(p)}(?![A-Za-z0-9_])", doc)]
+    if unnamed:
+        return f"arguments not described: {unnamed}"
+    return None
+
+
+def test_the_walk_sees_the_api():
+    names = {name for name, _, _ in _targets()}
+    assert len(names) > 150
+    for expected in (
+        "rlinf.scheduler.worker.worker.Worker.log_info",
+        "rlinf.scheduler.worker.worker.Worker.timer",
+        "rlinf.scheduler.runtime.group.WorkerGroup.launch",
+        "rlinf.scheduler.channel.channel.Channel.put",
+        "rlinf.scheduler.plugins.manager.PluginRegistry.transport",
+        "rlinf.testing.transport.TransportConformance.test_recv_deadline",
+    ):
+        assert expected in names, expected
+
+
+def test_the_rules_catch_what_they_should():
+    assert _problem(None, []) == "no docstring"
+    assert _problem("Do it.", ["x"]).startswith("a one-line docstring")
+    assert _problem("Do it.\n\nArgs:\n    y: why.", ["x", "y"]) == "arguments not described: ['x']"
+    assert _problem("Do it with ``x``.\n\nArgs:\n    x: how.", ["x"]) is None
+    assert _problem("A property.", []) is None
+
+
+def test_every_public_name_is_documented():
+    problems = {
+        name: problem
+        for name, doc, params in _targets()
+        if name not in ALLOWLIST and (problem := _problem(doc, params))
+    }
+    assert not problems, "public names documented too little for the API reference:\n" + "\n".join(
+        f"  {name}: {problem}" for name, problem in sorted(problems.items())
+    )
+
+
+def test_allowlist_is_current():
+    known = {name: _problem(doc, params) for name, doc, params in _targets()}
+    stale = sorted(name for name in ALLOWLIST if known.get(name, "gone") is None or name not in known)
+    if stale:
+        pytest.fail(f"documented now (or gone): remove from ALLOWLIST: {stale}")
