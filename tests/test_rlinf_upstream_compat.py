@@ -2,9 +2,20 @@
 
 Group route binding (``rlinf.scheduler.worker.routing``): an env/rollout pipeline whose
 env ranks each talk to one rollout rank over a per-group channel key.
+
+A program that imports Ray (``ray.util.queue``) before it builds its ``Cluster``, as RLinf's
+channel benchmark does, and passes a shared channel and a Ray queue to its workers.
 """
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
 import pytest
+
+from launcher_marks import TEST_LAUNCHER
 
 from rlinf.scheduler.worker import routing
 from rlinf.scheduler.worker.routing import GroupRouteBinding, balanced_group_id
@@ -69,3 +80,93 @@ def test_binding_without_decoupled_mode_is_refused(maker):
 
 def test_names_are_exported_where_rlinf_has_them():
     assert {"GroupRouteBinding", "balanced_group_id"} <= set(routing.__all__)
+
+
+PROGRAM = """
+import asyncio
+from ray.util.queue import Queue  # Ray imported before rlinf starts its embedded cluster
+from rlinf.scheduler import Channel, Cluster, NodePlacementStrategy, Worker
+
+class Writer(Worker):
+    def fill(self, channel, n, keys=None):
+        with self.worker_timer("fill"):
+            for i in range(n):
+                if keys:
+                    channel.put(i, key=keys[i])
+                else:
+                    channel.put(i)
+        return self.pop_execution_time("fill")
+
+    def fill_async(self, channel, n):
+        async def go():
+            for i in range(n):
+                await channel.put(i, async_op=True).async_wait()
+        asyncio.run(go())
+        return n
+
+    def to_queue(self, queue, n):
+        for i in range(n):
+            queue.put(i)
+        return n
+
+class Reader(Worker):
+    def drain_async(self, channel, n):
+        async def go():
+            return [await channel.get(async_op=True).async_wait() for _ in range(n)]
+        return asyncio.run(go())
+
+    def drain_keys(self, channel, keys):
+        return [channel.get(key=k) for k in keys]
+
+    def from_queue(self, queue, n):
+        async def go():
+            return [await queue.get_async() for _ in range(n)]
+        return asyncio.run(go())
+
+def drain_now(channel):
+    got = []
+    while True:
+        try:
+            got.append(channel.get_nowait())
+        except asyncio.QueueEmpty:
+            return got
+
+cluster = Cluster(num_nodes=1, num_cpus=2)
+where = NodePlacementStrategy(node_ranks=[0])
+writer = Writer.create_group().launch(cluster=cluster, placement_strategy=where, name="compat_writer")
+reader = Reader.create_group().launch(cluster=cluster, placement_strategy=where, name="compat_reader")
+channel = Channel.create(name="compat_shared", maxsize=0, distributed=False)
+
+elapsed = writer.fill(channel, 4).wait()[0]
+print("TIMED", type(elapsed).__name__, elapsed >= 0, flush=True)
+print("ASYNC_GET", reader.drain_async(channel, 4).wait()[0], flush=True)
+writer.fill_async(channel, 3).wait()
+print("NOWAIT", drain_now(channel), drain_now(channel), flush=True)
+writer.fill(channel, 6, keys=[0, 1, 2, 0, 1, 2]).wait()
+print("KEYED", reader.drain_keys(channel, [2, 2, 1, 0, 0, 1]).wait()[0], flush=True)
+queue = Queue()
+writer.to_queue(queue, 3).wait()
+print("RAY_QUEUE", reader.from_queue(queue, 3).wait()[0], flush=True)
+"""
+
+
+@pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="starts an embedded Ray cluster of its own")
+@pytest.mark.timeout(150)
+def test_a_program_that_imports_ray_first_shares_a_channel_and_a_ray_queue_with_its_workers():
+    base = tempfile.mkdtemp(prefix="rlt")  # short: Ray's socket paths must fit in 107 bytes
+    # nothing rlinf would set before Ray's import: the program's Ray reads its settings before rlinf runs
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_ADDRESS", "RAY_AUTH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"))}
+    env.update(RLINF_RAY_TEMP_DIR=base, PYTHONUNBUFFERED="1")
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=env, timeout=140)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    out = proc.stdout + proc.stderr
+    assert "listens on addresses other than loopback" not in out, out[-3000:]
+    assert proc.returncode == 0, out[-3000:]
+    assert "TIMED float True" in proc.stdout, out[-3000:]
+    assert "ASYNC_GET [0, 1, 2, 3]" in proc.stdout, out[-3000:]
+    assert "NOWAIT [0, 1, 2] []" in proc.stdout, out[-3000:]  # drained, then empty at once
+    assert "KEYED [2, 5, 1, 0, 3, 4]" in proc.stdout, out[-3000:]  # FIFO within each key
+    assert "RAY_QUEUE [0, 1, 2]" in proc.stdout, out[-3000:]

@@ -59,6 +59,8 @@ def _prepare_environment(address: Optional[str]) -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
         if "ray" in sys.modules:  # a program that imported Ray first: Ray read the mode then; have it read again
             _reread_ray_config()
+    if "ray" in sys.modules:  # Ray read the cluster switch at import too: without it its servers listen on every address
+        _reread_cluster_switch()
     if not sys.stderr.isatty():  # worker lines forwarded to a file or a pipe: no terminal colour codes in them
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
@@ -71,6 +73,23 @@ def _reread_ray_config() -> None:
     except ImportError:  # a Ray without it reads the mode at ray.init
         return
     Config.initialize("")
+
+
+def _reread_cluster_switch() -> None:
+    """Give an already imported Ray the value of ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` now in the environment.
+
+    Ray reads it once, at import, into ``ray_constants.ENABLE_RAY_CLUSTER``; off, Ray takes loopback as this
+    node's address and an embedded cluster's servers listen on loopback only.  A program that imported Ray
+    before ``Cluster()`` would otherwise start a cluster listening on every address, which
+    ``embedded.check_loopback`` refuses.  A Ray without the constant is left as it is.
+    """
+    try:
+        from ray._private import ray_constants
+    except ImportError:
+        return
+    if hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        value = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "")
+        ray_constants.ENABLE_RAY_CLUSTER = value.lower() in ("1", "true")  # as Ray reads it
 
 
 def _ray_resource(node: NodeInfo) -> str:
