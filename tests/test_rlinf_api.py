@@ -307,7 +307,7 @@ def test_max_concurrency_runs_sync_calls_on_threads(cluster, groups):
     assert len(a.wait(timeout=60) + b.wait(timeout=60)) == 2
 
 
-class Timed(Worker):
+class TimedWork(Worker):
     def __init__(self):
         super().__init__()
 
@@ -318,7 +318,7 @@ class Timed(Worker):
 
 def test_rlinf_consume_duration_and_close(cluster, groups):
     """RLinf programs read ``consume_duration()`` and end groups with ``_close()`` (its benchmarks do)."""
-    g = Timed.create_group().launch(cluster, NodePlacementStrategy([0]), name=_name("closed"))
+    g = TimedWork.create_group().launch(cluster, NodePlacementStrategy([0]), name=_name("closed"))
     groups.append(g)
     result = g.work()
     assert result.wait() == [0] and set(result.consume_duration()) == {"work"}

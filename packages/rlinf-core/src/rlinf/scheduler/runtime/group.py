@@ -568,11 +568,11 @@ class WorkerGroup:
         )
 
     # -- teardown ---------------------------------------------------------------
-    @hook("group_stop")
     def _close(self) -> None:
         """RLinf's ``WorkerGroup._close()``: the same as ``stop()`` (RLinf programs and benchmarks call it)."""
         WorkerGroup.stop(self)
 
+    @hook("group_stop")
     def stop(self) -> None:
         """Stop this group's workers and free its name."""
         session = self._session

@@ -9,9 +9,9 @@ mappings that ``_BlockPool`` recycles by size once their items are consumed.
 from __future__ import annotations
 
 import mmap
+import sys
 import threading
 
-import numpy as np
 
 #: queued frames at least this large live in anonymous mappings, not on the heap
 _MAPPED_MIN = 1 << 16
@@ -61,7 +61,9 @@ def _own(frames: list, pool: _BlockPool) -> list:
     not pin the producer's segment (which it would otherwise have to replace)."""
     out = []
     for f in frames:
-        if isinstance(f, (bytes, bytearray, mmap.mmap)) or (isinstance(f, np.ndarray) and f.base is None):
+        # numpy is loaded once a frame is one of its arrays: a worker that hosts no channel never loads it
+        np = sys.modules.get("numpy")
+        if isinstance(f, (bytes, bytearray, mmap.mmap)) or (np is not None and isinstance(f, np.ndarray) and f.base is None):
             out.append(f)  # memory of its own (a numpy array with no base owns its data)
             continue
         view = memoryview(f).cast("B")

@@ -159,7 +159,17 @@ class ChannelClient:
                 if fut is not None and not fut.done():
                     fut.set_result((ctrl, frames[1:]))
             else:
-                self._replies.append((rid, ctrl, frames[1:]))
+                # an asynchronous put is committed as its reply is read, not when it is handed over: the
+                # hand-over may wait behind a callback that itself waits for this item
+                with self._lock:
+                    fut = self._pending.get(rid)
+                failed = None
+                if fut is not None and not fut.done():
+                    try:
+                        self._commit_if_put(fut, ctrl)
+                    except Exception as exc:  # left uncommitted (the host drops it); its caller hears why
+                        failed = exc
+                self._replies.append((rid, ctrl, frames[1:], failed))
                 self._nudge()
             return True
         except TimeoutError:
@@ -181,14 +191,12 @@ class ChannelClient:
     def _hand_over(self) -> None:
         """Set the futures of the queued replies (background reader only: their callbacks run here)."""
         while self._replies:
-            rid, ctrl, frames = self._replies.popleft()
+            rid, ctrl, frames, failed = self._replies.popleft()
             with self._lock:
                 fut = self._pending.pop(rid, None)
             if fut is not None and not fut.done():
-                try:
-                    self._commit_if_put(fut, ctrl)
-                except Exception as exc:
-                    fut.set_exception(exc)
+                if failed is not None:  # its commit could not be sent when the reply was read
+                    fut.set_exception(failed)
                     continue
                 self._handing_since = time.monotonic()
                 try:
