@@ -44,6 +44,9 @@ class RayNodes:
         self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1" if multi_node else "0")
         for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE"):
             self.env.pop(key, None)
+        # said explicitly: a token file some other Ray left in ~/.ray would otherwise turn token auth on for
+        # the head (which reads it) but not for the nodes joining it, which are then refused
+        self.env["RAY_AUTH_MODE"] = "disabled"
 
     def _start(self, args: list[str]) -> None:
         # Ray refuses to start when two of its ports coincide: pick them all while holding each
