@@ -170,6 +170,7 @@ class LinkStore(dist.Store):
             return all(k in self._data for k in keys)
 
     def wait(self, keys, timeout=None):
+        # timeout None: torch's "the store's own"; bounded by the pair's setup deadline either way
         self._await(list(keys), self._wait_deadline(timeout))
 
     def multi_get(self, keys):

@@ -470,11 +470,13 @@ def private_dir(path: str, create: bool = True, hint: str = "") -> str:
     ``PrivateDirError``: it names the path, what is wrong and the fix, and
     ``hint`` adds the caller's own way out (an environment variable that picks
     another place, say).  Nothing in a refused directory is touched.  Missing
-    parents are made as ``mkdir -p`` does.  ``FileNotFoundError`` when the
+    parents are made as ``mkdir -p`` does, the last one 0700.  ``FileNotFoundError`` when the
     directory is missing and ``create`` is False.  Returns ``path``.
     """
     if create:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        # a parent made here is the user's alone too (0700); one found there is checked by the caller's
+        # choice of place (see the docs: only the directory itself is checked)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:

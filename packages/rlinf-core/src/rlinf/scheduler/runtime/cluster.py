@@ -364,7 +364,7 @@ class Cluster:
         Example:
             ```python
             with cluster.trace("run.json"):
-                group.step().wait()
+                group.step().wait(timeout=600)  # every wait bounded
             ```
         """
         return tracing.TraceBlock(self, path)

@@ -297,7 +297,7 @@ class WorkerGroup:
         Example:
             ```python
             group = Actor.create_group(cfg).launch(cluster, PackedPlacementStrategy(0, 7), name="actor")
-            print(group.train(batch).wait())
+            print(group.train(batch).wait(timeout=600))  # every wait bounded
             ```
         """
         if self._session is not None:
