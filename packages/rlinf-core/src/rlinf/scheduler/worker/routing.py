@@ -332,18 +332,9 @@ def build_send_plan(
     Raises:
         RouteSizeError: as ``CommMapper.get_dst_ranks``.
     """
-    entries = [
-        RouteEntry(
-            peer_rank=dst_rank,
-            batch_size=size,
-            key=build_route_channel_key(src_group_name, dst_group_name, src_rank, dst_rank, tag, route_key),
-        )
-        for dst_rank, size in CommMapper.get_dst_ranks(batch_size, src_world_size, dst_world_size, src_rank)
-    ]
-    return RoutePlan(
-        src_group_name, dst_group_name, src_rank, None, src_world_size, dst_world_size,
-        normalize_route_tag(tag), route_key, entries,
-    )
+    shards = CommMapper.get_dst_ranks(batch_size, src_world_size, dst_world_size, src_rank)
+    return _coupled_plan(src_group_name, dst_group_name, src_rank, None, src_world_size, dst_world_size, tag,
+                         route_key, shards)
 
 
 def build_recv_plan(
@@ -373,18 +364,25 @@ def build_recv_plan(
     Raises:
         RouteSizeError: as ``CommMapper.get_src_ranks``.
     """
+    shards = CommMapper.get_src_ranks(batch_size, src_world_size, dst_world_size, dst_rank)
+    return _coupled_plan(src_group_name, dst_group_name, None, dst_rank, src_world_size, dst_world_size, tag,
+                         route_key, shards)
+
+
+def _coupled_plan(src_group_name, dst_group_name, src_rank, dst_rank, src_world_size, dst_world_size, tag,
+                  route_key, shards) -> RoutePlan:
+    """The plan of the one side whose rank is given, from its ``(peer rank, size)`` shards."""
     entries = [
         RouteEntry(
-            peer_rank=src_rank,
+            peer_rank=peer,
             batch_size=size,
-            key=build_route_channel_key(src_group_name, dst_group_name, src_rank, dst_rank, tag, route_key),
+            key=build_route_channel_key(src_group_name, dst_group_name, peer if src_rank is None else src_rank,
+                                        peer if dst_rank is None else dst_rank, tag, route_key),
         )
-        for src_rank, size in CommMapper.get_src_ranks(batch_size, src_world_size, dst_world_size, dst_rank)
+        for peer, size in shards
     ]
-    return RoutePlan(
-        src_group_name, dst_group_name, None, dst_rank, src_world_size, dst_world_size,
-        normalize_route_tag(tag), route_key, entries,
-    )
+    return RoutePlan(src_group_name, dst_group_name, src_rank, dst_rank, src_world_size, dst_world_size,
+                     normalize_route_tag(tag), route_key, entries)
 
 
 def decoupled_build_send_plan(
