@@ -61,6 +61,13 @@ class AcceleratorUtil:
 
     A type no installed accelerator plugin provides raises ``ValueError`` naming
     the installed ones, as RLinf's "Unsupported accelerator type".
+
+    Example:
+        ```python
+        accel = AcceleratorUtil.get_accelerator_type()  # AcceleratorType.NV_GPU on an NVIDIA node
+        env = AcceleratorUtil.get_accelerator_env_var(accel, [0, 1])  # {"CUDA_VISIBLE_DEVICES": "0,1"}
+        backend = AcceleratorUtil.get_ccl_backend(accel)  # "nccl"
+        ```
     """
 
     #: types whose collectives RLinf drives itself (rlinf's device transports serve the same kinds)
@@ -73,7 +80,18 @@ class AcceleratorUtil:
 
     @staticmethod
     def get_accelerator_env_var(accelerator_type, visible_accelerators: list) -> dict[str, str]:
-        """The environment that makes ``visible_accelerators`` (device ids) the visible ones; ``{}`` for NO_ACCEL."""
+        """The environment that makes ``visible_accelerators`` (device ids) the visible ones.
+
+        Args:
+            accelerator_type (AcceleratorType | str): an ``AcceleratorType`` or its string value.
+            visible_accelerators: the node-local device ids a process is to see, in order.
+
+        Returns:
+            ``{<the kind's visible-devices variable>: "0,1,..."}``; ``{}`` for NO_ACCEL.
+
+        Raises:
+            ValueError: no installed accelerator plugin provides ``accelerator_type``.
+        """
         if _is_none(accelerator_type):
             return {}
         kind = _kind(accelerator_type)
@@ -83,8 +101,12 @@ class AcceleratorUtil:
     def get_visible_devices(accelerator_type) -> list[int]:
         """The device ids this process's visible-devices variable lists (``[]`` when unset or NO_ACCEL).
 
+        Args:
+            accelerator_type (AcceleratorType | str): an ``AcceleratorType`` or its string value; its plugin names the variable.
+
         Raises:
-            ValueError: the variable holds something other than comma-separated integers.
+            ValueError: the variable holds something other than comma-separated integers, or no installed
+                accelerator plugin provides ``accelerator_type``.
         """
         if _is_none(accelerator_type):
             return []
@@ -98,7 +120,17 @@ class AcceleratorUtil:
 
     @staticmethod
     def get_ccl_backend(accelerator_type) -> Optional[str]:
-        """The ``torch.distributed`` backend of the type (``"nccl"``, ``"hccl"``); None for NO_ACCEL."""
+        """The ``torch.distributed`` backend of the type's collectives.
+
+        Args:
+            accelerator_type (AcceleratorType | str): an ``AcceleratorType`` or its string value.
+
+        Returns:
+            The plugin's ``collective_backend`` (``"nccl"``, ``"hccl"``); None for NO_ACCEL.
+
+        Raises:
+            ValueError: no installed accelerator plugin provides ``accelerator_type``.
+        """
         if _is_none(accelerator_type):
             return None
         return _kind(accelerator_type).collective_backend
@@ -109,6 +141,12 @@ class AcceleratorUtil:
 
         ``GLOO_SOCKET_IFNAME`` for NO_ACCEL; a plugin may set ``extra["socket_ifname_env"]``, else it is
         ``<BACKEND>_SOCKET_IFNAME``.
+
+        Args:
+            accelerator_type (AcceleratorType | str): an ``AcceleratorType`` or its string value.
+
+        Raises:
+            ValueError: no installed accelerator plugin provides ``accelerator_type``.
         """
         if _is_none(accelerator_type):
             return "GLOO_SOCKET_IFNAME"
@@ -119,8 +157,14 @@ class AcceleratorUtil:
     def get_torch_platform(accelerator_type):
         """The torch module of the type (``torch.cuda``, ``torch.npu``); None for NO_ACCEL.
 
+        Imports torch (only for a type other than NO_ACCEL).
+
+        Args:
+            accelerator_type (AcceleratorType | str): an ``AcceleratorType`` or its string value.
+
         Raises:
-            ValueError: torch (or its extension for the type) does not provide that module.
+            ValueError: torch (or its extension for the type) does not provide that module, or no installed
+                accelerator plugin provides ``accelerator_type``.
         """
         device_type = AcceleratorUtil.get_device_type(accelerator_type)
         if device_type is None:
@@ -134,15 +178,39 @@ class AcceleratorUtil:
 
     @staticmethod
     def get_device_type(accelerator_type) -> Optional[str]:
-        """The ``torch.device`` type of the type's tensors (``"cuda"``, ``"npu"``); None for NO_ACCEL."""
+        """The ``torch.device`` type of the type's tensors.
+
+        Args:
+            accelerator_type (AcceleratorType | str): an ``AcceleratorType`` or its string value.
+
+        Returns:
+            The plugin's ``torch_device_type`` (``"cuda"`` for NVIDIA and AMD, ``"npu"``); None for NO_ACCEL.
+
+        Raises:
+            ValueError: no installed accelerator plugin provides ``accelerator_type``.
+        """
         if _is_none(accelerator_type):
             return None
         return _kind(accelerator_type).torch_device_type
 
     @staticmethod
     def get_accel_pg_options(accelerator_type, options):
-        """NCCL process-group options from a ``CollectiveGroupOptions`` (RLinf's defaults); None when
-        ``options`` sets nothing, for NO_ACCEL, and for backends other than NCCL."""
+        """NCCL process-group options from a ``CollectiveGroupOptions``, with RLinf's defaults.
+
+        The fields ``options`` leaves unset take RLinf's values (CGA cluster size 4, at most 32 and at least 1
+        CTA, normal-priority stream).  Imports ``torch.distributed`` when it builds options.
+
+        Returns a ``ProcessGroupNCCL.Options``, or None when ``options`` sets nothing, for NO_ACCEL and for
+        backends other than NCCL.
+
+        Args:
+            accelerator_type (AcceleratorType | str): an ``AcceleratorType`` or its string value.
+            options (CollectiveGroupOptions | None): a ``CollectiveGroupOptions`` (or any object with its
+                ``accel_*`` and ``is_high_priority_stream`` fields), or None.
+
+        Raises:
+            ValueError: no installed accelerator plugin provides ``accelerator_type``.
+        """
         if _is_none(accelerator_type) or options is None:
             return None
         fields = ("accel_cluster_size", "accel_max_ctas", "accel_min_ctas", "is_high_priority_stream")
@@ -161,13 +229,32 @@ class AcceleratorUtil:
 
     @staticmethod
     def start_profiling(accelerator_type, step_idx: Optional[int] = None) -> None:
-        """RLinf's profiler window; rlinf drives no profiler, so this does nothing."""
+        """Open RLinf's step-gated profiler capture window; rlinf drives no profiler, so this does nothing.
+
+        Args:
+            accelerator_type (AcceleratorType | str): an ``AcceleratorType`` or its string value (not checked).
+            step_idx: the training step the window is for (RLinf gates capture on it); ignored.
+        """
 
     @staticmethod
     def stop_profiling(accelerator_type) -> None:
-        """RLinf's profiler window; does nothing (see ``start_profiling``)."""
+        """Close RLinf's profiler capture window; does nothing here (see ``start_profiling``).
+
+        Args:
+            accelerator_type (AcceleratorType | str): an ``AcceleratorType`` or its string value (not checked).
+        """
 
     @staticmethod
     def profiling_range(accelerator_type, label: str, color: Optional[str] = None, domain: Optional[str] = None):
-        """A context manager annotating a code range for a profiler; a no-op here."""
+        """A context manager annotating a code range for a profiler (NVTX in RLinf); a no-op here.
+
+        Returns ``contextlib.nullcontext()``: ``with AcceleratorUtil.profiling_range(t, "step"):`` just runs
+        the block.
+
+        Args:
+            accelerator_type (AcceleratorType | str): an ``AcceleratorType`` or its string value (not checked).
+            label: the range's name as a profiler would show it.
+            color: the range's colour in the profiler's timeline; ignored.
+            domain: the profiler domain to record the range in; ignored.
+        """
         return contextlib.nullcontext()

@@ -30,6 +30,15 @@ from .placement import FlexiblePlacementStrategy, NodePlacementStrategy, PackedP
 
 
 class PlacementMode(Enum):
+    """How a ``ComponentPlacement``'s components share the cluster's resources (RLinf's modes).
+
+    ``COLLOCATED``: every component uses the same set of resources (RLinf then
+    syncs weights inside a device, e.g. by CUDA IPC).  ``DISAGGREGATED``: each
+    component has resources of its own, no two overlapping.  ``HYBRID``: any
+    other mix, some resources shared and some not (also what
+    ``HybridComponentPlacement`` always reports).
+    """
+
     COLLOCATED = auto()
     DISAGGREGATED = auto()
     HYBRID = auto()
@@ -96,6 +105,27 @@ class ComponentPlacement:
     the config the cluster was created with (``Cluster(cluster_cfg=...)``).
     ``cluster`` is the ``Cluster``, or the list of ``NodeInfo`` to plan for
     (planning for a cluster one is not connected to).
+
+    Args:
+        config: the config holding ``cluster.component_placement`` (a dict, an OmegaConf ``DictConfig`` or
+            an object with attributes), its ``cluster`` section, or None.
+        cluster (Cluster | list[NodeInfo]): the ``Cluster``, or a list of ``NodeInfo``.
+
+    Raises:
+        PlacementError: no ``component_placement`` in the config, a malformed key or value, a component
+            placed twice, node groups in an entry, processes that do not spread evenly over their
+            resources, or a strategy the cluster cannot host (the message names the component).
+
+    Example:
+        ```python
+        cfg = OmegaConf.create({"cluster": {"num_nodes": 1, "component_placement": {"actor,rollout": "0-3"}}})
+        cluster = Cluster(cluster_cfg=cfg.cluster)
+        placement = ComponentPlacement(cfg, cluster)
+        actor = Actor.create_group(cfg).launch(
+            cluster, placement_strategy=placement.get_strategy("actor"), name="actor"
+        )
+        assert placement.get_world_size("rollout") == 4
+        ```
     """
 
     def __init__(self, config: Any, cluster):
@@ -193,30 +223,82 @@ class ComponentPlacement:
 
     @property
     def placement_mode(self) -> PlacementMode:
+        """How the components share resources: ``COLLOCATED`` when all use the same set, ``DISAGGREGATED``
+        when no two overlap, else ``HYBRID``."""
         return self._placement_mode
 
     @property
     def components(self) -> list[str]:
+        """The component names of the config, in the order the config lists them (a copy)."""
         return list(self._components)
 
     def get_world_size(self, component_name: str) -> int:
-        """How many processes (workers) the component has."""
+        """How many processes (workers) the component has.
+
+        Args:
+            component_name: a component the config places (``"actor"``).
+
+        Returns:
+            The number of processes: the process ranks of its entry, else one per resource.
+
+        Raises:
+            PlacementError: the config does not place ``component_name`` (the message lists the components).
+        """
         self._check(component_name)
         return self._component_processes[component_name]
 
     def get_hardware_ranks(self, component_name: str) -> list[int]:
-        """The resource ranks (accelerators, or nodes on a CPU-only cluster) the component uses."""
+        """The resource ranks (accelerators, or nodes on a CPU-only cluster) the component uses.
+
+        Args:
+            component_name: a component the config places.
+
+        Returns:
+            The global ranks, in the order its entry lists them (a copy).
+
+        Raises:
+            PlacementError: the config does not place ``component_name``.
+        """
         self._check(component_name)
         return list(self._component_resources[component_name])
 
     def get_strategy(self, component_name: str) -> PlacementStrategy:
-        """The placement strategy to ``launch`` the component's group with."""
+        """The placement strategy to ``launch`` the component's group with.
+
+        Args:
+            component_name: a component the config places.
+
+        Returns:
+            A ``PackedPlacementStrategy`` for a contiguous range of accelerators, a
+            ``FlexiblePlacementStrategy`` otherwise, a ``NodePlacementStrategy`` on a CPU-only cluster.
+
+        Raises:
+            PlacementError: the config does not place ``component_name``.
+        """
         self._check(component_name)
         return self._placements[component_name]
 
 
 class HybridComponentPlacement(ComponentPlacement):
-    """RLinf's hybrid placement: components on any sets of resources, shared or not."""
+    """RLinf's hybrid placement: components on any sets of resources, shared or not.
+
+    Parses the config as ``ComponentPlacement`` does; only ``placement_mode``
+    differs: always ``PlacementMode.HYBRID``, whatever the resources overlap.
+
+    Args:
+        config: the config holding ``cluster.component_placement``, its ``cluster`` section, or None (the
+            cluster's own config).
+        cluster (Cluster | list[NodeInfo]): the ``Cluster``, or a list of ``NodeInfo``.
+
+    Raises:
+        PlacementError: as ``ComponentPlacement``.
+
+    Example:
+        ```python
+        placement = HybridComponentPlacement(cfg, cluster)  # cfg.cluster.component_placement: {env: 0-3, ...}
+        env = Env.create_group(cfg).launch(cluster, placement.get_strategy("env"), name="env")
+        ```
+    """
 
     def __init__(self, config: Any, cluster):
         super().__init__(config, cluster)

@@ -22,12 +22,28 @@ class LauncherPlugin:
     ``factory()`` returns an object implementing ``rlinf.scheduler.plugins.launcher.Launcher``.
     ``check()`` returns ``None`` when usable here, else a one-line reason.
     Among usable launchers the highest ``priority`` is the default.
+
+    Args:
+        name: the launcher's name (``Cluster(launcher=name)``, ``RLINF_LAUNCHER``).
+        factory: builds the launcher; called only when it is chosen.
+        priority: higher wins when no launcher is named.
+        check: says whether the launcher is usable here; must be cheap and never raise.
+        description: one line for ``python -m rlinf.scheduler plugins``.
+
+    Example:
+        ```python
+        @hookimpl
+        def rlinf_register_launchers():
+            return [LauncherPlugin(name="slurm", factory=lambda: SlurmLauncher(), priority=5,
+                                   check=lambda: None if shutil.which("srun") else "srun not found")]
+        ```
     """
 
     name: str
     factory: Callable[[], object]
     priority: int = 0
     check: Callable[[], Optional[str]] = _always_usable
+    """Returns None when the launcher is usable on this machine, else a one-line reason (default: usable)."""
     description: str = ""
 
 
@@ -48,6 +64,17 @@ class TransportPlugin:
     CPU transports ignore the fields (they tune accelerator communication).
     ``check_options(fields)`` returns ``None`` when the transport can take those
     values, else the reason (cheap: no heavy imports; it must never raise).
+
+    Args:
+        name: the transport's name (``RLINF_TRANSPORT``, ``get_registry().transport(name)``).
+        factory: builds the transport; called only when it is chosen.
+        priority: higher wins, per device, when no transport is named.
+        devices: the tensor devices it serves.
+        check: says whether the transport is usable here; must be cheap and never raise.
+        description: one line for ``python -m rlinf.scheduler plugins``.
+        extra: free-form settings for the transport's own use.
+        options: the ``CollectiveGroupOptions`` fields it honours.
+        check_options: validates values of those fields (None: any value is taken).
     """
 
     name: str
@@ -55,6 +82,7 @@ class TransportPlugin:
     priority: int = 0
     devices: tuple[str, ...] = ("cpu",)
     check: Callable[[], Optional[str]] = _always_usable
+    """Returns None when the transport is usable on this machine, else a one-line reason (default: usable)."""
     description: str = ""
     extra: dict = field(default_factory=dict)
     options: tuple[str, ...] = ()
@@ -84,6 +112,19 @@ class AcceleratorPlugin:
     can be driven from here, else the reason.  When two kinds share a Ray
     resource name (NVIDIA and AMD both advertise ``"GPU"``) the one with local
     devices wins, then the higher ``priority``.
+
+    Args:
+        name: the kind's name (``"nvidia"``, ``"amd"``, ``"ascend"``).
+        ray_resource: the Ray resource name of its devices.
+        visible_devices_env: the variable that selects a process's devices.
+        torch_device_type: the ``torch.device`` type of its tensors.
+        collective_backend: its ``torch.distributed`` backend.
+        device_count: counts its devices visible here (default: none).
+        priority: breaks ties between kinds sharing a Ray resource name.
+        check: says whether the kind can be driven here; must never raise.
+        description: one line for ``python -m rlinf.scheduler plugins``.
+        extra: further settings (``socket_ifname_env``: the variable naming the collectives' interface).
+        accelerator_type: RLinf's ``AcceleratorType`` value of the kind (empty: ``name`` upper-cased).
     """
 
     name: str
@@ -92,8 +133,10 @@ class AcceleratorPlugin:
     torch_device_type: str
     collective_backend: str
     device_count: Callable[[], int] = _no_devices
+    """Counts this kind's devices visible to the calling process (default: 0); cheap, never raises."""
     priority: int = 0
     check: Callable[[], Optional[str]] = _always_usable
+    """Returns None when this kind can be driven from here, else the reason (default: usable)."""
     description: str = ""
     extra: dict = field(default_factory=dict)
     #: RLinf's ``AcceleratorType`` value of this kind (``"NV_GPU"``, ``"AMD_GPU"``, ``"NPU"``, ...);

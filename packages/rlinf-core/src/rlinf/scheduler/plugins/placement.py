@@ -195,11 +195,27 @@ def _group_resources(who, nodes: Sequence[NodeInfo], labels: Sequence[str]) -> l
 
 
 class PlacementStrategy(ABC):
-    """Maps a cluster's nodes to the workers of one group."""
+    """Maps a cluster's nodes to the workers of one group.
+
+    ``WorkerGroup.launch(cluster, placement_strategy=...)`` calls
+    ``get_placement`` with the cluster's nodes and starts one worker per
+    placement it returns.  Subclass it for a placement of your own.
+    """
 
     @abstractmethod
     def get_placement(self, nodes: Sequence[NodeInfo]) -> list[WorkerPlacement]:
-        """Placements in rank order; raises PlacementError if the cluster cannot host them."""
+        """Where each worker of the group goes: one ``WorkerPlacement`` per worker, in rank order.
+
+        Args:
+            nodes: the cluster's nodes, in node-rank order (``Cluster.nodes``).
+
+        Returns:
+            The placements; entry ``i`` is rank ``i``'s node, local rank and devices.
+
+        Raises:
+            PlacementError: the cluster cannot host the placement (too few devices or nodes, an unknown
+                node group, a process spanning nodes).
+        """
 
     def _gpus_to_process(self, nodes, gpu_lists) -> list[WorkerPlacement]:
         table = _gpu_table(nodes)
@@ -294,12 +310,30 @@ class PackedPlacementStrategy(PlacementStrategy):
     to each of the first two robots of group ``arms`` (or on its first two
     accelerators when the group has no robots).
 
+    Args:
+        start_hardware_rank: the first hardware rank to use.
+        end_hardware_rank: the last hardware rank to use (inclusive).
+        num_hardware_per_process: how many devices each process gets.
+        stride: the distance between the ranks of one process's devices.
+        node_group: a node group label, or a list of them, to count ranks within (None: the whole cluster).
+
     Raises:
         PlacementArgumentError: a negative rank, ``end < start``, a count of devices that does not split into
             processes, or an empty label.
         TypeError: a rank or count is not an int.
         PlacementError (at placement): ranks beyond the hardware, a process spanning nodes, an unknown label,
             or groups whose ranks count nodes (packing needs hardware, as in RLinf).
+
+    Example:
+        ```python
+        cluster = Cluster(num_nodes=1)
+        # four processes on accelerators 0, 1, 2, 3, one each
+        group = MyWorker.create_group().launch(cluster, PackedPlacementStrategy(0, 3), name="actor")
+        # two processes holding accelerators {0, 1} and {2, 3}
+        PackedPlacementStrategy(0, 3, num_hardware_per_process=2)
+        # two processes holding accelerators {0, 2} and {1, 3}
+        PackedPlacementStrategy(0, 3, num_hardware_per_process=2, stride=2)
+        ```
     """
 
     def __init__(self, start_hardware_rank: int, end_hardware_rank: int, num_hardware_per_process: int = 1,
@@ -332,6 +366,15 @@ class PackedPlacementStrategy(PlacementStrategy):
         return out
 
     def get_placement(self, nodes):
+        """The ``WorkerPlacement`` of each process, in rank order: one per block of ``process_gpu_lists``.
+
+        Args:
+            nodes (Sequence[NodeInfo]): the cluster's nodes, in node-rank order.
+
+        Raises:
+            PlacementError: ranks beyond the cluster's (or the node groups') hardware, a process whose devices
+                span nodes, an unknown label, or a node group without hardware.
+        """
         if self.node_group_labels is None:
             return self._gpus_to_process(nodes, self.process_gpu_lists())
         for label in self.node_group_labels:
@@ -361,11 +404,25 @@ class FlexiblePlacementStrategy(PlacementStrategy):
     node, the worker then gets no accelerator).  Processes keep the order given
     (RLinf sorts them by first rank).
 
+    Args:
+        hardware_ranks_list: one list of hardware ranks per process, all on one node.
+        node_group_label: a node group label, or a list of them, to count ranks within (None: the whole
+            cluster).
+
     Raises:
         PlacementArgumentError: an empty list or inner list, a negative rank, an empty label.
         TypeError: a rank is not an int.
         PlacementError (at placement): ranks beyond the hardware, a rank given twice, a process spanning
             nodes or kinds of hardware, an unknown label.
+
+    Example:
+        ```python
+        # three processes: accelerators {0, 1}, {2} and {3}
+        placement = FlexiblePlacementStrategy([[0, 1], [2], [3]])
+        group = MyWorker.create_group().launch(cluster, placement_strategy=placement, name="rollout")
+        # one env worker next to each of the first two robots of node group "franka"
+        FlexiblePlacementStrategy([[0], [1]], node_group_label="franka")
+        ```
     """
 
     def __init__(self, hardware_ranks_list: Sequence[Sequence[int]],
@@ -383,6 +440,15 @@ class FlexiblePlacementStrategy(PlacementStrategy):
         self.node_group_labels = _labels(node_group_label, "node_group_label")
 
     def get_placement(self, nodes):
+        """The ``WorkerPlacement`` of each process: one per inner list of ranks, in the order given.
+
+        Args:
+            nodes (Sequence[NodeInfo]): the cluster's nodes, in node-rank order.
+
+        Raises:
+            PlacementError: a rank beyond the hardware, a rank given to two processes, one process's ranks
+                on several nodes or of several kinds, an unknown label.
+        """
         if self.node_group_labels is None:
             return self._gpus_to_process(nodes, self.lists)
         return self._group_ranks_to_process(nodes, self.lists, self.node_group_labels)
@@ -406,10 +472,23 @@ class NodePlacementStrategy(PlacementStrategy):
     puts one worker on each of the first two nodes of group ``arms``.  The
     labels ``cluster`` and ``node`` name every node.
 
+    Args:
+        node_ranks: the node of each process, by rank (repeat a node for several processes on it).
+        node_group_label: a node group label, or a list of them, whose nodes ``node_ranks`` index (None: the
+            whole cluster).
+
     Raises:
         PlacementArgumentError: ``node_ranks`` is empty or not a list, a rank is negative, a label is empty.
         TypeError: a rank is not an int.
         PlacementError (at placement): an unknown label, groups that share nodes, or a rank beyond the nodes.
+
+    Example:
+        ```python
+        # four CPU processes on node 0
+        group = MyWorker.create_group().launch(cluster, NodePlacementStrategy([0] * 4), name="agent")
+        # one process on each of the first two nodes of node group "arms"
+        NodePlacementStrategy([0, 1], node_group_label="arms")
+        ```
     """
 
     def __init__(self, node_ranks: Sequence[int], node_group_label: Optional[str | Sequence[str]] = None):
@@ -436,6 +515,15 @@ class NodePlacementStrategy(PlacementStrategy):
         return selected
 
     def get_placement(self, nodes):
+        """The ``WorkerPlacement`` of each process: one per entry of ``node_ranks``, without accelerators.
+
+        Args:
+            nodes (Sequence[NodeInfo]): the cluster's nodes, in node-rank order.
+
+        Raises:
+            PlacementError: a node rank beyond the cluster's (or the node groups') nodes, an unknown label,
+                or node groups that share nodes.
+        """
         selected = self._selected_nodes(nodes)
         for n in self.node_ranks:
             if n >= len(selected):
