@@ -60,7 +60,17 @@ class FrankaConfig(HardwareConfig):
 
 @dataclass
 class FrankaHWInfo(HardwareInfo):
-    """A Franka arm on a node; ``config`` is its ``FrankaConfig``."""
+    """A Franka arm on a node; ``config`` is its ``FrankaConfig``.
+
+    Built in the driver, one per ``hardware.configs`` entry of a node group
+    whose ``hardware.type`` is ``Franka``; the env worker placed next to the
+    device finds it in ``self.worker_info.hardware_infos``.
+
+    Args:
+        type: the hardware type, ``"Franka"``.
+        model: the model, ``"Franka"`` (as in RLinf).
+        config: the device's ``FrankaConfig``, as the cluster config gave it.
+    """
 
     config: FrankaConfig
 
@@ -99,7 +109,17 @@ class DualFrankaConfig(HardwareConfig):
 
 @dataclass
 class DualFrankaHWInfo(HardwareInfo):
-    """A dual-arm Franka system on a node; ``config`` is its ``DualFrankaConfig``."""
+    """A dual-arm Franka system on a node; ``config`` is its ``DualFrankaConfig``.
+
+    Built in the driver, one per ``hardware.configs`` entry of a node group
+    whose ``hardware.type`` is ``DualFranka``; the env worker placed next to the
+    device finds it in ``self.worker_info.hardware_infos``.
+
+    Args:
+        type: the hardware type, ``"DualFranka"``.
+        model: the model, ``"DualFranka"`` (as in RLinf).
+        config: the device's ``DualFrankaConfig``, as the cluster config gave it.
+    """
 
     config: DualFrankaConfig
 
@@ -122,7 +142,17 @@ class DOSW1HWConfig(HardwareConfig):
 
 @dataclass
 class DOSW1HWInfo(HardwareInfo):
-    """A DOS-W1 robot on a node; ``config`` is its ``DOSW1HWConfig``."""
+    """A DOS-W1 robot on a node; ``config`` is its ``DOSW1HWConfig``.
+
+    Built in the driver, one per ``hardware.configs`` entry of a node group
+    whose ``hardware.type`` is ``DOSW1``; the env worker placed next to the
+    device finds it in ``self.worker_info.hardware_infos``.
+
+    Args:
+        type: the hardware type, ``"DOSW1"``.
+        model: the model, ``"DOSW1"`` (as in RLinf).
+        config: the device's ``DOSW1HWConfig``, as the cluster config gave it.
+    """
 
     config: DOSW1HWConfig
 
@@ -153,7 +183,17 @@ class GimArmConfig(HardwareConfig):
 
 @dataclass
 class GimArmHWInfo(HardwareInfo):
-    """A GimArm on a node (model ``GimArm_<arm_variant>``); ``config`` is its ``GimArmConfig``."""
+    """A GimArm on a node (model ``GimArm_<arm_variant>``); ``config`` is its ``GimArmConfig``.
+
+    Built in the driver, one per ``hardware.configs`` entry of a node group
+    whose ``hardware.type`` is ``GimArm``; the env worker placed next to the
+    device finds it in ``self.worker_info.hardware_infos``.
+
+    Args:
+        type: the hardware type, ``"GimArm"``.
+        model: ``"GimArm_" + config.arm_variant`` (``"GimArm_gim_arm_xl"``), as in RLinf.
+        config: the device's ``GimArmConfig``, as the cluster config gave it.
+    """
 
     config: GimArmConfig
 
@@ -165,7 +205,17 @@ class Turtle2Config(HardwareConfig):
 
 @dataclass
 class Turtle2HWInfo(HardwareInfo):
-    """A Turtle2 robot on a node; ``config`` is its ``Turtle2Config``."""
+    """A Turtle2 robot on a node; ``config`` is its ``Turtle2Config``.
+
+    Built in the driver, one per ``hardware.configs`` entry of a node group
+    whose ``hardware.type`` is ``Turtle2``; the env worker placed next to the
+    device finds it in ``self.worker_info.hardware_infos``.
+
+    Args:
+        type: the hardware type, ``"Turtle2"``.
+        model: the model, ``"Turtle2"`` (as in RLinf).
+        config: the device's ``Turtle2Config``, as the cluster config gave it.
+    """
 
     config: Turtle2Config
 

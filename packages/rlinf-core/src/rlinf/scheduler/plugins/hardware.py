@@ -50,7 +50,16 @@ class HardwareConfig:
 
 @dataclass
 class HardwareInfo:
-    """One device on a node: its ``type`` (``"Accelerator"``, ``"Franka"``, ...) and ``model``."""
+    """One device on a node (RLinf's ``HardwareInfo``): the base of every kind's info dataclass.
+
+    A worker placed on hardware receives the infos of its devices
+    (``WorkerPlacement.hardware_infos``); a robot kind subclasses this with a
+    ``config`` field holding the device's config entry.
+
+    Args:
+        type: the hardware type (``"Accelerator"``, ``"Franka"``, ...), as ``HardwareResource.type``.
+        model: the device's model (``"NV_GPU:nvidia"`` for an accelerator; a robot kind's name or variant).
+    """
 
     type: str
     model: str

@@ -84,7 +84,33 @@ def _explicit_modules() -> list[tuple[str, str]]:
 
 
 class PluginRegistry:
-    """All plugins this process knows about, loaded once."""
+    """All plugins this process knows about, loaded once.
+
+    Building one imports every plugin advertised under the ``rlinf`` entry-point
+    group (only rlinf-core's own when autoload is off), then those named in
+    ``RLINF_PLUGINS`` (``name=module`` or ``module``, comma-separated), asks each
+    for its descriptors and files them by kind.  A plugin that fails to import,
+    does not meet the hook specs or whose hook raises is recorded in
+    ``failures()`` with the reason (and a ``RuntimeWarning``); the rest load.
+    A worker process loads exactly the plugins its driver loaded
+    (``RLINF_PLUGIN_SOURCES``), without scanning package metadata.
+
+    Use ``get_registry()`` for the process-wide instance; build one directly
+    to look at the plugins with other settings.
+
+    Args:
+        autoload: load third-party plugins from entry points (None: ``RLINF_PLUGINS_AUTOLOAD``, on unless
+            ``0``/``false``/``no``/``off``).
+
+    Example:
+        ```python
+        registry = get_registry()
+        launcher = registry.launcher().descriptor.factory()  # the default launcher
+        cuda = registry.transport(device="cuda")  # the default transport for CUDA tensors
+        for source in registry.failures():
+            print(source.entry_point, source.error)
+        ```
+    """
 
     def __init__(self, autoload: Optional[bool] = None):
         self.autoload = config.autoload_enabled() if autoload is None else autoload
@@ -183,9 +209,11 @@ class PluginRegistry:
 
     # -- queries ----------------------------------------------------------
     def failures(self) -> list[PluginSource]:
+        """The plugins that could not be loaded, each with its ``error`` (the reason), in load order."""
         return [s for s in self.sources if s.error]
 
     def all_provided(self) -> list[Provided]:
+        """Every descriptor of every kind the loaded plugins provide, usable here or not, with its source."""
         return [p for table in self.provided.values() for p in table.values()]
 
     def _pick(self, kind: str, name: Optional[str], env: str, candidates: list[Provided], what: str) -> Provided:
@@ -214,9 +242,36 @@ class PluginRegistry:
         return max(usable, key=lambda p: p.descriptor.priority)
 
     def launcher(self, name: Optional[str] = None) -> Provided:
+        """The launcher to use: the one named, else ``RLINF_LAUNCHER``'s, else the usable one of highest priority.
+
+        Args:
+            name: a launcher's name (``"ray"``, ``"mpi"``), or None to choose as above.
+
+        Returns:
+            The ``Provided`` entry; ``.descriptor.factory()`` builds the launcher.
+
+        Raises:
+            PluginError: no launcher of that name (the message lists the installed ones and why a plugin of
+                that name failed to load), the named one is unusable here (a failed ``check``, two plugins
+                claiming the name), or none is usable (each one's reason).
+        """
         return self._pick("launcher", name, config.LAUNCHER_ENV, list(self.provided["launcher"].values()), "")
 
     def transport(self, name: Optional[str] = None, device: str = "cpu") -> Provided:
+        """The transport for ``device`` tensors: the one named, else ``RLINF_TRANSPORT``'s, else the usable
+        one of highest priority among those serving ``device``.
+
+        Args:
+            name: a transport's name, or None to choose as above.
+            device: the tensor device it must serve (``"cpu"``, ``"cuda"``).
+
+        Returns:
+            The ``Provided`` entry; ``.descriptor.factory()`` builds the transport.
+
+        Raises:
+            PluginError: no transport of that name, the named one is unusable here or does not serve
+                ``device``, or no usable transport serves ``device``.
+        """
         entry = self._pick(
             "transport",
             name,

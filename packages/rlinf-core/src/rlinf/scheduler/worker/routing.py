@@ -134,7 +134,13 @@ class CommMapper:
 
     @staticmethod
     def build_channel_key(src_rank: int, dst_rank: int, extra: str) -> str:
-        """The channel key ``"{src_rank}_{dst_rank}_{extra}"`` of a fixed rank pair."""
+        """The channel key ``"{src_rank}_{dst_rank}_{extra}"`` of a fixed rank pair (RLinf's format).
+
+        Args:
+            src_rank: the sending rank.
+            dst_rank: the receiving rank.
+            extra: what tells apart streams between the same two ranks (a tag or step).
+        """
         return f"{src_rank}_{dst_rank}_{extra}"
 
     @staticmethod
@@ -302,6 +308,14 @@ def build_send_key(
 
     The same key as ``build_route_channel_key`` (keyword arguments only). ``tag`` and
     ``route_key`` separate streams that share the same ranks.
+
+    Args:
+        src_group_name: the sending group.
+        dst_group_name: the receiving group.
+        src_rank: the sending rank (None: any, in decoupled routing).
+        dst_rank: the receiving rank (None: any, in decoupled routing).
+        tag: the stream's tag (None or empty: ``"default"``).
+        route_key: a further key of the stream (None: none; a non-string by its ``repr``).
     """
     return build_route_channel_key(src_group_name, dst_group_name, src_rank, dst_rank, tag, route_key)
 
