@@ -95,6 +95,8 @@ def main(argv=None):
     cluster = Cluster(log_to_driver=False) if os.environ.get("RAY_ADDRESS") else local_cluster()
     route = "tcp" if os.environ.get("RLINF_CPU_LOCAL") == "0" else "unix+shm"
     print(f"route between workers: {route}")
+    print("floor: n/a (these are costs per worker, which no raw program has; the broadcast's yardstick is "
+          "one plain send of the same payload, measured in the same run)")
     try:
         for n in [int(x) for x in args.sizes.split(",")]:
             t = time.perf_counter()

@@ -325,7 +325,7 @@ def main(argv=None):
 
     print_table(
         f"Scale benchmark ({args.nodes} simulated nodes, {args.groups} groups; medians; threads/fds/RSS per worker process)",
-        ["N", "launch raw (s)", "launch rlinf (s)", "ratio", "call raw (ms)", "call rlinf (ms)", "ratio",
+        ["N", "launch raw Ray (s)", "launch rlinf (s)", "ratio", "call raw Ray (ms)", "call rlinf (ms)", "ratio",
          "all-to-all 1st (s)", "2nd (s)", "threads before/after/settled", "rlinf threads after/settled",
          "fds before/after", "RSS (MiB)",
          "registry lookups"],
@@ -335,6 +335,8 @@ def main(argv=None):
           f"{r['rlinf_threads_after']}/{r['rlinf_threads_settled']}",
           f"{r['fds_before']}/{r['fds_after']}", r["rss_mb"], r["registry_lookups"]] for r in rows],
     )
+    print("  raw Ray (the baseline, same run): actors placed as rlinf places the workers (a placement group per "
+          "group, bundles pinned to nodes), launched and called with ray.get of a no-op on every actor")
     save_scale_plot(rows)
     targets = []
     for r in rows:

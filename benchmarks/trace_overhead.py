@@ -156,7 +156,7 @@ def main(argv=None):
     print_table(
         f"Tracing overhead ({args.workers}-worker group call, 2-worker p2p round trip; medians of {args.rounds} "
         f"interleaved rounds; {events} events per traced round)",
-        ["measure", "off", "on", "ratio (on/off)", "target"],
+        ["measure", "off (the baseline)", "on", "ratio (on/off)", "target"],
         [
             ["group call noop (ms)", c_off * 1e3, c_on * 1e3, c_on / c_off, "<= 1.1"],
             ["p2p small round trip (us)", fine_off * 1e6, fine_on * 1e6, fine_on / fine_off, "<= 1.1"],
