@@ -34,7 +34,23 @@ def _device_unavailable(device: str):
 
 
 class DeviceTransportConformance:
-    """Subclass and set ``transport_name``, ``device`` (this end) and ``peer_device``."""
+    """Subclass and set ``transport_name``, ``device`` (this end) and ``peer_device``.
+
+    pytest collects the subclass's ``test_*`` methods; each gets a fresh
+    ``transport`` (skipped when either device is missing or the plugin's
+    ``check`` says it is unusable here; on CUDA the current device is set to
+    ``device``) and ``peer``, a second process that receives tensors on
+    ``peer_device`` and sends them back (a ``"die"`` header makes it exit with
+    code 17).  ``peer_env`` adds environment variables for the peer;
+    ``big_message`` is the largest tensor sent, in bytes.
+
+    Example:
+        ```python
+        class TestMyGpuTransport(DeviceTransportConformance):
+            transport_name = "my-gpu"
+            device, peer_device = "cuda:0", "cuda:1"
+        ```
+    """
 
     transport_name: str = ""
     device: str = "cuda:0"
@@ -74,9 +90,27 @@ class DeviceTransportConformance:
 
     @staticmethod
     def deadline(seconds=60.0):
+        """The ``time.monotonic()`` deadline ``seconds`` from now that the suite gives each send and receive.
+
+        Override it for a transport whose first transfer (device setup, a communicator) takes longer.
+
+        Args:
+            seconds (float): how long from now.
+        """
         return time.monotonic() + seconds
 
     def roundtrip(self, link, tensors):
+        """Send ``tensors`` to the peer and return the copies it sends back, received into new tensors.
+
+        Sends a JSON header of shapes and dtypes with ``send``, the tensors with ``send_tensors``, then
+        receives the echoed header with ``recv`` and the tensors with ``recv_tensors_into`` into
+        ``torch.empty_like`` buffers on ``device``.  Override it only if the transport's ``DeviceLink``
+        needs another sequence of calls (the peer expects this one).
+
+        Args:
+            link (DeviceLink): a link from ``connect``.
+            tensors (list[torch.Tensor]): tensors on ``device``.
+        """
         import torch
 
         head = json.dumps([[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in tensors]).encode()
@@ -89,10 +123,25 @@ class DeviceTransportConformance:
         return back
 
     def connect(self, transport, peer):
+        """Open a device link to the peer; every test connects through this.
+
+        Override it when the transport needs more than ``connect(endpoint, hello, deadline)`` (options, say);
+        the link returned must implement ``DeviceLink``.  Returns the link.
+
+        Args:
+            transport (Transport): the transport under test (the ``transport`` fixture).
+            peer (_Peer): the echo peer (the ``peer`` fixture); ``peer.endpoint`` is what it published.
+        """
         return transport.connect(peer.endpoint, b"device-conformance", self.deadline())
 
     # -- the contract --------------------------------------------------------------------
     def test_tensors_of_every_dtype_and_size(self, transport, peer):
+        """float32, bfloat16, bool, a ``big_message``-sized int64 and an empty tensor come back equal, with
+        their dtype, shape and device.
+
+        Fixtures: ``transport`` (the plugin's transport on ``device``) and ``peer`` (the echo process on
+        ``peer_device``).
+        """
         import torch
 
         link = self.connect(transport, peer)
@@ -108,6 +157,11 @@ class DeviceTransportConformance:
             assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device and torch.equal(a, b)
 
     def test_order_and_repeated_use(self, transport, peer):
+        """One link carries 20 round trips of tensors of different sizes, each received in order and intact.
+
+        Fixtures: ``transport`` (the plugin's transport on ``device``) and ``peer`` (the echo process on
+        ``peer_device``).
+        """
         import torch
 
         link = self.connect(transport, peer)
@@ -117,7 +171,11 @@ class DeviceTransportConformance:
             assert torch.equal(b, t)
 
     def test_ordered_after_the_callers_stream(self, transport, peer):
-        """Data written by queued work on the current stream is what arrives (no host sync first)."""
+        """Data written by queued work on the current stream is what arrives (no host sync first).
+
+        The send must be ordered after kernels the caller queued on its current stream.
+        Fixtures: ``transport`` and ``peer``.
+        """
         import torch
 
         link = self.connect(transport, peer)
@@ -128,6 +186,11 @@ class DeviceTransportConformance:
         assert float(b[-1]) == 6.0 and float(b[0]) == 6.0
 
     def test_recv_deadline(self, transport, peer):
+        """A receive with nothing to read raises ``TimeoutError`` at its deadline, and the link still works.
+
+        Fixtures: ``transport`` (the plugin's transport on ``device``) and ``peer`` (the echo process on
+        ``peer_device``).
+        """
         import torch
 
         link = self.connect(transport, peer)
@@ -139,6 +202,12 @@ class DeviceTransportConformance:
         assert torch.equal(b, torch.ones(4, device=self.device))
 
     def test_peer_death_raises(self, transport, peer):
+        """When the peer process dies, a pending receive raises ``ConnectionError`` or ``TimeoutError``
+        instead of hanging.
+
+        Fixtures: ``transport`` (the plugin's transport on ``device``) and ``peer`` (the echo process on
+        ``peer_device``).
+        """
         link = self.connect(transport, peer)
         link.send([json.dumps("die").encode()], self.deadline())
         with pytest.raises((ConnectionError, TimeoutError)):
@@ -146,6 +215,11 @@ class DeviceTransportConformance:
         assert peer.proc.wait(10) == 17
 
     def test_refuses_other_devices(self, transport):
+        """Asking the registry for this transport on a device it does not declare raises ``PluginError``
+        naming it (skipped when it serves both CPU and CUDA).
+
+        Fixture: ``transport`` (only to skip where the transport or devices are unavailable).
+        """
         from rlinf.scheduler.base.errors import PluginError
         from rlinf.scheduler.plugins import get_registry
 

@@ -70,7 +70,20 @@ class ConformanceWorker(Worker):
 
 
 class LauncherConformance:
-    """Subclass and set ``launcher_name`` (and ``cluster_options`` for ``Cluster``)."""
+    """Subclass and set ``launcher_name`` (and ``cluster_options`` for ``Cluster``).
+
+    pytest collects the subclass's ``test_*`` methods.  ``conformance_cluster``
+    is one ``Cluster(launcher=launcher_name, **cluster_options)`` for the whole
+    class; ``group`` is a fresh group of two workers on node 0 for each test,
+    stopped after it.
+
+    Example:
+        ```python
+        class TestMyLauncher(LauncherConformance):
+            launcher_name = "my-launcher"
+            cluster_options = {"num_nodes": 1}
+        ```
+    """
 
     launcher_name: str = ""
     cluster_options: dict = {}
@@ -88,28 +101,52 @@ class LauncherConformance:
         g.stop()
 
     def test_launch_and_parallel_calls(self, group):
+        """A call on the group runs on every worker and returns their results in rank order, with each
+        worker's rank, world size and address name right.
+
+        Fixture: ``group`` (two workers on node 0, launched through the launcher under test).
+        """
         got = group.whoami().wait()
         assert [g[1] for g in got] == [0, 1] and {g[2] for g in got} == {2}
         assert [g[3] for g in got] == [f"{group.worker_group_name}:{r}" for r in (0, 1)]
         assert [i.rank for i in group.worker_info_list] == [0, 1]
 
     def test_environment(self, group):
+        """Workers see ``RANK``, ``WORLD_SIZE`` and one ``MASTER_ADDR``/``MASTER_PORT`` shared by the group.
+
+        Fixture: ``group`` (two workers on node 0, launched through the launcher under test).
+        """
         envs = [g[4] for g in group.whoami().wait()]
         assert [e["RANK"] for e in envs] == ["0", "1"] and {e["WORLD_SIZE"] for e in envs} == {"2"}
         assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1 and envs[0]["MASTER_PORT"]
 
     def test_execute_on_and_timing(self, group):
+        """``execute_on(rank)`` calls one worker only, and a ``Worker.timer`` method's durations reach the
+        driver through ``consume_durations``.
+
+        Fixture: ``group`` (two workers on node 0, launched through the launcher under test).
+        """
         assert group.execute_on(1).fail_on(7).wait() == [1]
         handle = group.timed()
         assert handle.wait() == [True, True]
         assert handle.consume_durations()["timed"] >= 0.05
 
     def test_method_error_names_rank_and_method(self, group):
+        """An exception in a worker method reaches the driver as ``WorkerMethodError`` naming the rank, the
+        method and the original message.
+
+        Fixture: ``group`` (two workers on node 0, launched through the launcher under test).
+        """
         with pytest.raises(WorkerMethodError) as info:
             group.fail_on(1).wait()
         assert info.value.rank == 1 and info.value.method == "fail_on" and "failing on purpose" in str(info.value)
 
     def test_killed_worker_is_reported(self, group):
+        """A worker killed (SIGKILL) during a call makes the wait raise ``WorkerDiedError`` naming its rank
+        within seconds, not at the call's end.
+
+        Fixture: ``group`` (two workers on node 0, launched through the launcher under test).
+        """
         pids = group.pid().wait()
         handle = group.sleep(60)
         time.sleep(0.5)
@@ -120,10 +157,18 @@ class LauncherConformance:
         assert info.value.rank == 0 and time.monotonic() - start < 15
 
     def test_group_names_are_unique(self, group, conformance_cluster):
+        """Launching a second group under a name in use raises ``GroupNameError``.
+
+        Fixtures: ``group`` (whose name is reused) and ``conformance_cluster`` (the class's cluster).
+        """
         with pytest.raises(GroupNameError):
             ConformanceWorker.create_group().launch(conformance_cluster, name=group.worker_group_name)
 
     def test_point_to_point_between_groups(self, group, conformance_cluster):
+        """Workers of two groups exchange messages with ``send``/``recv``, each rank with its counterpart.
+
+        Fixtures: ``group`` and ``conformance_cluster`` (to launch the second group on).
+        """
         other = ConformanceWorker.create_group("y").launch(
             conformance_cluster, NodePlacementStrategy([0, 0]), name=f"conf_{uuid.uuid4().hex[:8]}"
         )
@@ -135,9 +180,18 @@ class LauncherConformance:
             other.stop()
 
     def test_nested_groups(self, group):
+        """A worker can launch a group of its own, whose workers are named under the worker's name.
+
+        Fixture: ``group`` (two workers on node 0, launched through the launcher under test).
+        """
         assert group.execute_on(0).spawn_children(2).wait() == [[f"{group.worker_group_name}:0:{r}" for r in (0, 1)]]
 
     def test_channel_between_worker_and_driver(self, group):
+        """A ``Channel`` created in the driver and passed to a worker carries what the worker puts back to
+        the driver.
+
+        Fixture: ``group`` (two workers on node 0, launched through the launcher under test).
+        """
         ch = Channel.create(f"conf_{uuid.uuid4().hex[:8]}")
         assert group.execute_on(1).channel_put(ch, {"v": 42}).wait() == [True]
         assert ch.get(timeout=30) == {"v": 42}

@@ -45,7 +45,22 @@ class _Peer:
 
 
 class TransportConformance:
-    """Subclass and set ``transport_name`` (and ``peer_env`` to add environment variables)."""
+    """Subclass and set ``transport_name`` (and ``peer_env`` to add environment variables).
+
+    pytest collects the subclass's ``test_*`` methods; each gets a fresh
+    ``transport`` (skipped when the plugin's ``check`` says it is unusable here)
+    and ``peer``, a second process listening with the same transport that
+    echoes each message back (the ``hello`` first; ``die`` makes it exit with
+    code 17; ``hold`` makes it stop reading).  Override ``connect`` or
+    ``deadline`` when the transport needs other arguments or more time.
+
+    Example:
+        ```python
+        class TestMyTransport(TransportConformance):
+            transport_name = "my-transport"
+            big_message = 4 << 20  # 4 MiB: a slow transport
+        ```
+    """
 
     transport_name: str = ""
     peer_env: dict = {}
@@ -75,24 +90,56 @@ class TransportConformance:
         p.close()
 
     def connect(self, transport, peer, hello=b"conformance"):
+        """Open a link to the echo peer; every test connects through this.
+
+        Override it when the transport needs more than ``connect(endpoint, hello, deadline)`` (options, a
+        device); the link returned must implement ``Link``.  Returns the link.
+
+        Args:
+            transport (Transport): the transport under test (the ``transport`` fixture).
+            peer (_Peer): the echo peer (the ``peer`` fixture); ``peer.endpoint`` is what its listener
+                published.
+            hello (bytes): the handshake payload the listener receives first (the peer echoes it back first).
+        """
         return transport.connect(peer.endpoint, hello, time.monotonic() + 30)
 
     @staticmethod
     def deadline(seconds=30.0):
+        """The ``time.monotonic()`` deadline ``seconds`` from now that the suite gives each send and receive.
+
+        Override it (or pass a longer ``seconds`` in a subclass's own tests) for a transport slower than
+        the default allows.
+
+        Args:
+            seconds (float): how long from now.
+        """
         return time.monotonic() + seconds
 
     # -- the contract ----------------------------------------------------------------
     def test_endpoint_is_json(self, peer):
+        """The endpoint a listener publishes is a JSON object that survives a round trip through JSON.
+
+        Fixture: ``peer`` (the echo process, whose first line of output is its endpoint).
+        """
         assert isinstance(peer.endpoint, dict) and json.loads(json.dumps(peer.endpoint)) == peer.endpoint
 
     def test_hello_reaches_the_listener(self, transport, peer):
+        """The ``hello`` given to ``connect`` is the first message the listener receives, before any send.
+
+        Fixtures: ``transport`` (the plugin's transport, built by its factory) and ``peer`` (the echo process).
+        """
         link = self.connect(transport, peer, b"hi there")
         link.send([b"hello?"], self.deadline())
         raw, frames = link.recv(self.deadline())
         assert [bytes(f) for f in frames] == [b"hi there", b"hello?"] and raw is False
 
     def test_a_process_with_another_secret_is_refused(self, transport, peer, monkeypatch):
-        """The listener authenticates (``rlinf.scheduler.base.security``): another cluster's process cannot connect."""
+        """The listener authenticates (``rlinf.scheduler.base.security``): another cluster's process cannot connect.
+
+        A connection made with another cluster secret raises ``ConnectionError`` (at connect or at the first
+        send or receive, never echoed, never showing the right secret), and the listener keeps serving its
+        own cluster.  Fixtures: ``transport``, ``peer`` and ``monkeypatch`` (which swaps the secret).
+        """
         from rlinf.scheduler.base.security import SECRET_ENV
 
         right = os.environ[SECRET_ENV]
@@ -108,6 +155,10 @@ class TransportConformance:
         assert [bytes(f) for f in link.recv(self.deadline())[1]] == [b"member", b"hello?"]
 
     def test_frames_of_every_size_round_trip(self, transport, peer):
+        """Frames of 0 bytes to ``big_message`` bytes in one message come back byte for byte.
+
+        Fixtures: ``transport`` (the plugin's transport, built by its factory) and ``peer`` (the echo process).
+        """
         link = self.connect(transport, peer)
         frames = [b"", b"x", bytes(range(256)) * 4, os.urandom(MiB + 3), bytearray(self.big_message)]
         frames[-1][::4096] = b"\x07" * len(frames[-1][::4096])
@@ -116,6 +167,10 @@ class TransportConformance:
         assert [bytes(f) for f in back] == [bytes(f) for f in frames]
 
     def test_raw_flag_and_memoryviews(self, transport, peer):
+        """``send`` takes memoryviews (of any item size) and the ``raw`` flag arrives with the message.
+
+        Fixtures: ``transport`` (the plugin's transport, built by its factory) and ``peer`` (the echo process).
+        """
         import array
 
         link = self.connect(transport, peer)
@@ -125,6 +180,10 @@ class TransportConformance:
         assert raw is True and bytes(back[1]) == data.tobytes()
 
     def test_messages_keep_their_order(self, transport, peer):
+        """200 messages of growing size sent back to back are received in the order sent.
+
+        Fixtures: ``transport`` (the plugin's transport, built by its factory) and ``peer`` (the echo process).
+        """
         link = self.connect(transport, peer)
         for i in range(200):
             link.send([str(i).encode(), bytes(i * 97)], self.deadline())
@@ -132,6 +191,11 @@ class TransportConformance:
         assert got == [str(i).encode() for i in range(200)]
 
     def test_recv_into_fills_and_checks_sizes(self, transport, peer):
+        """``recv_into`` fills the caller's buffers and returns the raw flag; a message whose frames do not
+        match the buffers' sizes raises ``ValueError`` and is consumed, not left for the next receive.
+
+        Fixtures: ``transport`` (the plugin's transport, built by its factory) and ``peer`` (the echo process).
+        """
         link = self.connect(transport, peer)
         link.send([b"abcd", bytes(range(100))], self.deadline(), raw=True)
         link.send([b"ab"], self.deadline())
@@ -146,7 +210,11 @@ class TransportConformance:
         assert bytes(out) == b"ok"
 
     def test_both_directions_at_once(self, transport, peer):
-        """Large messages in flight both ways on one link: no deadlock."""
+        """Large messages in flight both ways on one link: no deadlock.
+
+        Three ``big_message`` sends go out before any reply is read, while the peer echoes them back.
+        Fixtures: ``transport`` (the plugin's transport, built by its factory) and ``peer`` (the echo process).
+        """
         link = self.connect(transport, peer)
         big = bytes(self.big_message)
         for _ in range(3):
@@ -155,6 +223,10 @@ class TransportConformance:
             assert len(link.recv(self.deadline(60))[1][1]) == len(big)
 
     def test_recv_deadline(self, transport, peer):
+        """A receive with nothing to read raises ``TimeoutError`` at its deadline, and the link still works.
+
+        Fixtures: ``transport`` (the plugin's transport, built by its factory) and ``peer`` (the echo process).
+        """
         link = self.connect(transport, peer)
         start = time.monotonic()
         with pytest.raises(TimeoutError):
@@ -166,7 +238,10 @@ class TransportConformance:
     def test_sends_to_a_peer_that_reads_nothing_end_by_their_deadlines(self, transport, peer):
         """A peer that stops reading makes a link push back (bounded buffering), and then every send
         on it ends by its own deadline: the one that stalls, and one waiting behind it in another
-        thread (sent, or ``TimeoutError``; never a wait on the other's deadline)."""
+        thread (sent, or ``TimeoutError``; never a wait on the other's deadline).
+
+        Fixtures: ``transport`` (the plugin's transport, built by its factory) and ``peer`` (the echo process).
+        """
         import threading
 
         link = self.connect(transport, peer)
@@ -207,6 +282,11 @@ class TransportConformance:
                 pass
 
     def test_peer_death_raises_connection_error(self, transport, peer):
+        """When the peer process dies, a pending receive raises ``ConnectionError`` within seconds, and
+        ``probe`` then reports the endpoint dead.
+
+        Fixtures: ``transport`` (the plugin's transport, built by its factory) and ``peer`` (the echo process).
+        """
         link = self.connect(transport, peer)
         link.send([b"die"], self.deadline())
         start = time.monotonic()
@@ -217,9 +297,18 @@ class TransportConformance:
         assert transport.probe(peer.endpoint) is False
 
     def test_probe_sees_a_live_peer(self, transport, peer):
+        """``probe`` answers True for the endpoint of a live listener.
+
+        Fixtures: ``transport`` (the plugin's transport, built by its factory) and ``peer`` (the echo process).
+        """
         assert transport.probe(peer.endpoint) is True
 
     def test_connect_to_nothing_fails_fast(self, transport, peer):
+        """Connecting to the endpoint of a listener that has exited fails (``ConnectionError``, ``OSError`` or
+        ``TimeoutError``) within seconds, at connect or at the first send or receive.
+
+        Fixtures: ``transport`` (the plugin's transport, built by its factory) and ``peer`` (the echo process).
+        """
         link = self.connect(transport, peer)
         link.send([b"die"], self.deadline())
         peer.proc.wait(10)

@@ -242,7 +242,8 @@ class PluginRegistry:
         return max(usable, key=lambda p: p.descriptor.priority)
 
     def launcher(self, name: Optional[str] = None) -> Provided:
-        """The launcher to use: the one named, else ``RLINF_LAUNCHER``'s, else the usable one of highest priority.
+        """The launcher to use: the one named, else ``RLINF_LAUNCHER``'s, else the usable one of highest
+        priority.
 
         Args:
             name: a launcher's name (``"ray"``, ``"mpi"``), or None to choose as above.
