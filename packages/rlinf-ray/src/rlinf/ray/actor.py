@@ -8,6 +8,10 @@ A worker class with ``async def`` methods becomes a Ray *async* actor: every
 forwarder is a coroutine awaiting ``WorkerHost.execute_async`` on the actor's
 one event loop, so calls run concurrently and tasks outlive the call that
 created them, exactly as in a hand-written Ray async actor.
+
+A call that wrote to stdout or stderr ends with a mark on each stream it
+wrote to, and its result travels wrapped with the mark (``logs.after_call``):
+the driver prints the call's lines before it returns the call's results.
 """
 
 from __future__ import annotations
@@ -19,23 +23,26 @@ import ray
 
 from rlinf.scheduler.runtime.host import WorkerHost
 
+from . import logs
 from .classes import share_class_tracker
 
 share_class_tracker()  # results and arguments keep the driver's classes
+after_call = logs.after_call
 
 
 class RayWorkerActor:
     def __init__(self):
         self._rlinf_host = WorkerHost()
+        logs.baseline()  # what Ray wrote as the actor started is no call's output
 
     def _rlinf_reserve_master_port(self) -> int:
         return self._rlinf_host.reserve_master_port()
 
     def _rlinf_construct(self, spec, payload, master_port):
-        return self._rlinf_host.construct(spec, payload, master_port, "ray", ray.util.get_node_ip_address())
+        return after_call(self._rlinf_host.construct(spec, payload, master_port, "ray", ray.util.get_node_ip_address()))
 
     def _rlinf_execute(self, method, args, kwargs):
-        return self._rlinf_host.execute(method, args, kwargs)
+        return after_call(self._rlinf_host.execute(method, args, kwargs))
 
     def _rlinf_ping(self):
         return self._rlinf_host.ping()
@@ -43,7 +50,7 @@ class RayWorkerActor:
 
 def _forwarder(name: str):
     def call(self, *args, **kwargs):
-        return self._rlinf_host.execute(name, args, kwargs)
+        return after_call(self._rlinf_host.execute(name, args, kwargs))
 
     call.__name__ = name
     return call
@@ -51,14 +58,14 @@ def _forwarder(name: str):
 
 def _async_forwarder(name: str):
     async def call(self, *args, **kwargs):
-        return await self._rlinf_host.execute_async(name, args, kwargs)
+        return after_call(await self._rlinf_host.execute_async(name, args, kwargs))
 
     call.__name__ = name
     return call
 
 
 async def _async_execute(self, method, args, kwargs):
-    return await self._rlinf_host.execute_async(method, args, kwargs)
+    return after_call(await self._rlinf_host.execute_async(method, args, kwargs))
 
 
 #: Ray's default for async actors, kept when the group does not say

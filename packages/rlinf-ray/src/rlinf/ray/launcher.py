@@ -34,7 +34,7 @@ from rlinf.scheduler.base.errors import GroupNameError, LaunchError, WorkerError
 from rlinf.scheduler.plugins.launcher import CallOutcome, Died, Failed, GroupRecord, Launcher, LauncherSession, PendingCall, Rejected, from_wire
 from rlinf.scheduler.plugins.placement import NodeInfo
 
-from . import embedded
+from . import embedded, logs
 from .classes import share_class_tracker
 from .runtime_env import worker_runtime_env
 
@@ -61,8 +61,8 @@ def _prepare_environment(address: Optional[str]) -> None:
             _reread_ray_config()
     if "ray" in sys.modules:  # Ray read the cluster switch at import too: without it its servers listen on every address
         _reread_cluster_switch()
-    if not sys.stderr.isatty():  # worker lines forwarded to a file or a pipe: no terminal colour codes in them
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    if not (logs.is_tty(sys.stdout) and logs.is_tty(sys.stderr)):  # worker lines (printed to the driver's stdout
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # and stderr) go to a file or a pipe: no colour codes there
 
 
 def _reread_ray_config() -> None:
@@ -147,6 +147,7 @@ class RaySession(LauncherSession):
         self._groups: dict[str, tuple] = {}
         self._nodes_cache: Optional[list[NodeInfo]] = None
         self.watchdog = None  # the process that cleans up if this driver is killed
+        logs.install()  # in a driver that takes its workers' lines: a call's lines print before its results
 
     @staticmethod
     def _in_worker() -> bool:
@@ -336,7 +337,10 @@ class RaySession(LauncherSession):
                     ray.get(ref)
                 except Exception as exc:
                     raise self._launch_error(exc, spec) from None
-        return ray.get(refs)
+        needs: list = []
+        records = logs.strip_all(ray.get(refs), needs)
+        logs.wait(needs)
+        return records
 
     def _launch_error(self, exc, spec) -> WorkerError:
         from ray.exceptions import RayTaskError
@@ -364,16 +368,21 @@ class RaySession(LauncherSession):
         from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
         refs = [c.ref for c in calls]
+        needs: list = []  # the workers' log marks that a call's results wait for (``logs``)
         # fast path: everything finishes within the first slice and succeeds
         try:
-            values = ray.get(refs, timeout=_SLICE if timeout is None else min(_SLICE, timeout))
+            values = logs.strip_all(ray.get(refs, timeout=_SLICE if timeout is None else min(_SLICE, timeout)), needs)
             if not any(type(v) is Failed for v in values):
+                logs.wait(needs)
                 return [from_wire(v) for v in values]
         except (GetTimeoutError, RayActorError, RayTaskError):
             pass
-        return self._collect_slow(refs, None if timeout is None else time.monotonic() + timeout)
+        needs.clear()
+        outcomes = self._collect_slow(refs, None if timeout is None else time.monotonic() + timeout, needs)
+        logs.wait(needs)
+        return outcomes
 
-    def _collect_slow(self, refs, deadline):
+    def _collect_slow(self, refs, deadline, needs: list):
         """Wait in slices; once a rank fails, give the others a short grace period, then report."""
         ray = self._ray
         outcomes: dict[int, Any] = {}
@@ -384,7 +393,7 @@ class RaySession(LauncherSession):
             limits = [t for t in (deadline, grace_end) if t is not None]
             wait_for = _SLICE if not limits else max(0.0, min(min(limits) - time.monotonic(), _SLICE))
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=wait_for)
-            for ref, outcome in zip(ready, self._fetch(ready)):
+            for ref, outcome in zip(ready, self._fetch(ready, needs)):
                 outcomes[index[ref]] = outcome
                 if grace_end is None and not (type(outcome) is CallOutcome and outcome.ok):  # failed or died
                     grace_end = time.monotonic() + config.error_grace()
@@ -396,19 +405,19 @@ class RaySession(LauncherSession):
                 raise TimeoutError("calls did not finish in time")
         return [outcomes.get(i, _STILL_RUNNING) for i in range(len(refs))]
 
-    def _fetch(self, refs) -> list:
-        """Values of ready refs; a dead actor or a failed task becomes its reason."""
+    def _fetch(self, refs, needs: list) -> list:
+        """Values of ready refs; a dead actor or a failed task becomes its reason (log marks go to ``needs``)."""
         ray = self._ray
         from ray.exceptions import RayActorError, RayTaskError
 
         try:
-            return [from_wire(v) for v in ray.get(refs)]
+            return [from_wire(logs.strip(v, needs)) for v in ray.get(refs)]
         except (RayActorError, RayTaskError):
             pass
         out = []
         for ref in refs:
             try:
-                out.append(from_wire(ray.get(ref)))
+                out.append(from_wire(logs.strip(ray.get(ref), needs)))
             except RayActorError as exc:
                 out.append(Died(_death_reason(exc)))
             except RayTaskError as exc:
@@ -419,7 +428,8 @@ class RaySession(LauncherSession):
         """``collect`` on the event loop: once a rank fails, the others get the same grace period."""
         import asyncio
 
-        tasks = [asyncio.ensure_future(_outcome_of(c.ref)) for c in calls]
+        needs: list = []
+        tasks = [asyncio.ensure_future(_outcome_of(c.ref, needs)) for c in calls]
         index = {t: i for i, t in enumerate(tasks)}
         pending = set(tasks)
         finished: dict = {}
@@ -439,6 +449,7 @@ class RaySession(LauncherSession):
         finally:
             for t in pending:
                 t.cancel()
+        await logs.wait_async(needs)
         return [t.result() if t.done() and not t.cancelled() else _STILL_RUNNING for t in tasks]
 
     def stop_workers(self, handles):
@@ -464,12 +475,12 @@ class RaySession(LauncherSession):
             self.watchdog = None
 
 
-async def _outcome_of(ref):
-    """The outcome of one call, awaited: a value, or why the worker could not answer."""
+async def _outcome_of(ref, needs: list):
+    """The outcome of one call, awaited: a value, or why the worker could not answer (its log mark to ``needs``)."""
     from ray.exceptions import RayActorError, RayError, RayTaskError
 
     try:
-        return from_wire(await ref)
+        return from_wire(logs.strip(await ref, needs))
     except RayActorError as exc:
         return Died(_death_reason(exc))
     except RayTaskError as exc:
@@ -484,7 +495,7 @@ _STILL_RUNNING = CallOutcome(True, None, {})
 
 def _rejected(exc) -> Rejected:
     cause = getattr(exc, "cause", None)
-    return Rejected(f"{type(cause).__name__}: {cause}" if cause is not None else str(exc).splitlines()[0],
+    return Rejected(f"{type(cause).__name__}: {cause}" if cause is not None else logs.plain(str(exc)).splitlines()[0],
                     getattr(exc, "traceback_str", "") or str(exc))
 
 

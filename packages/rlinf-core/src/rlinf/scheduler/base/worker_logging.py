@@ -2,7 +2,9 @@
 
 Each worker process logs through the ``rlinf`` logger hierarchy to its
 stderr, which the launcher carries to the driver's terminal (Ray forwards
-worker output to the driver; MPI ranks share ``mpiexec``'s terminal).  Every
+worker output to the driver, and prints the lines a worker wrote during a
+group call before that call's results return; MPI ranks share ``mpiexec``'s
+terminal).  Every
 line starts with the worker's address and node, so lines of many workers stay
 readable.  ``RLINF_LOG_LEVEL`` (``DEBUG``, ``INFO``, ...; default ``INFO``)
 sets the level; with ``Cluster(distributed_log_dir=...)`` each worker also
