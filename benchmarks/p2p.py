@@ -272,8 +272,8 @@ def main(argv=None):
     legend = {"rlinf": "rlinf", "gloo": "gloo", "Ray": "Ray (same work)", "TCP floor": "TCP floor (plain sockets)",
               "2 copies": "floor: 2 warm copies"}
     panels = [plots.bar(labels, {legend[s]: [z * MiB / per[(z, kind)][s] / 1e9 for z in sizes] for s in systems},
-                        "bandwidth (GB/s)", title=what) for kind, what in kinds.items()]
-    save_plot("p2p", "One-way bandwidth by tensor size (higher is better)", *panels)
+                        "bandwidth (GB/s)", title=what, log=True) for kind, what in kinds.items()]
+    save_plot("p2p", "One-way bandwidth by tensor size (higher is better; log scale)", *panels)
 
     targets = [Target("small round trip: rlinf time / gloo time", rtt["rlinf"] / rtt["gloo"], "<=", 0.5)]
     if 256 in sizes:
