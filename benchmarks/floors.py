@@ -153,12 +153,10 @@ def _tcp_receiver(listener, size: int, k: int, rounds: int, start, done) -> None
         done.wait(120)
 
 
-def _tcp_sender(port: int, size: int, k: int, rounds: int, start, done) -> None:
+def _tcp_sender(port: int, payload, k: int, rounds: int, start, done) -> None:
     import socket
 
-    import numpy as np
-
-    payload = memoryview(np.ones(size, dtype=np.uint8))
+    payload = memoryview(payload)  # the parent's array, shared by every sender (fork; never written)
     sock = socket.create_connection(("127.0.0.1", port), timeout=120)
     for _ in range(rounds):
         start.wait(120)
@@ -185,13 +183,16 @@ def tcp_floor(nbytes: int, n: int = 1, k: int = 1, rounds: int = 2) -> list:
     import multiprocessing as mp
     import socket
 
+    import numpy as np
+
     ctx = mp.get_context("fork")
+    payload = np.ones(nbytes, dtype=np.uint8)
     start, done = ctx.Barrier(2 * n + 1), ctx.Barrier(2 * n + 1)
     listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
     try:
         procs = [ctx.Process(target=_tcp_receiver, args=(lst, nbytes, k, rounds, start, done), daemon=True)
                  for lst in listeners]
-        procs += [ctx.Process(target=_tcp_sender, args=(lst.getsockname()[1], nbytes, k, rounds, start, done),
+        procs += [ctx.Process(target=_tcp_sender, args=(lst.getsockname()[1], payload, k, rounds, start, done),
                               daemon=True) for lst in listeners]
         return _timed_rounds(procs, start, done, rounds)
     finally:

@@ -12,9 +12,12 @@
 * rlinf shm views: ``broadcast(groups=...)`` without ``out=``: receivers get copy-on-write
   views of the segment (no copy), kept until the next round (not compared: no baseline
   here does that work).
-* Ray object store, doing the work ``broadcast(out=)`` does: ``ray.put`` of the state dict
-  as numpy arrays once; each of N receiver actors ``ray.get``s it (read-only views of the
-  object store) and ``copy_``s every array into its own preallocated torch state dict.
+* Ray object store, doing the work ``broadcast(out=)`` does, in the same worker processes:
+  the trainer ``ray.put``s its state dict as numpy arrays once; each of the N receivers
+  ``ray.get``s it (read-only views of the object store) and ``copy_``s every array into
+  its own state dict (the tensors ``broadcast(out=)`` fills).  The reference reaches them
+  by a group call, which is a Ray actor call; timed from before the put until the last
+  receiver's copy is done.
 * torch gloo: ``dist.broadcast`` of every tensor (asynchronously, then waited for) in a
   gloo process group of N+1 processes, into the receivers' existing tensors.
 * copy floor (raw, not a target): N plain processes each copy the payload from one warm
@@ -74,8 +77,9 @@ WORK = {
     "rlinf shm shared": "the same with share_memory=True: the receivers' tensors move onto the segment (no copy)",
     "rlinf shm views": "no out=: receivers get read-only views of the segment (no copy)",
     "rlinf TCP": "the same as broadcast(out=) with RLINF_CPU_LOCAL=0: a pipelined chain over loopback TCP",
-    "Ray object store": "ray.put of the numpy state dict once; N actors ray.get it and copy_ every array into "
-                        "their own preallocated torch state dict",
+    "Ray object store": "the trainer ray.put()s its state dict (numpy views) once; the N receivers (the same "
+                        "worker processes) ray.get() it and copy_() every array into their own state dict, the "
+                        "tensors broadcast(out=) fills; the ref reaches them by a group call (a Ray actor call)",
     "torch gloo": "dist.broadcast of every tensor into the receivers' own tensors (TCP over loopback)",
     "copy floor": "raw: N plain processes each copy the payload out of one warm shared mapping into their own "
                   "warm state dict, all at once",
@@ -136,6 +140,33 @@ class WeightWorker(Worker):
             assert float(first[0]) == 1.0 and float(first[-1]) == 1.0, "the weights did not arrive"
         return statistics.median(times[1:])
 
+    def ray_put(self):
+        """Rank 0: put the state dict (as numpy arrays) into Ray's object store; returns the start time and
+        ``[ref]`` (in a list: Ray hands a nested reference on as it is)."""
+        import ray
+
+        start = time.perf_counter()
+        return start, [ray.put({k: v.numpy() for k, v in self.sd.items()})]
+
+    def ray_receive(self, refs):
+        """A receiver: ``ray.get`` the state dict (read-only views of the object store) and ``copy_`` every array
+        into this worker's own tensors, the ones ``broadcast(out=)`` fills; returns the time it is done."""
+        import warnings
+
+        import ray
+        import torch
+
+        first = next(iter(self.sd.values()))
+        first[0], first[-1] = 0.0, 0.0  # so that the check below sees this round's data
+        arrays = ray.get(refs[0])
+        with warnings.catch_warnings():  # from_numpy of a read-only array warns; copy_ only reads it
+            warnings.simplefilter("ignore", UserWarning)
+            for name, arr in arrays.items():
+                self.sd[name].copy_(torch.from_numpy(arr))
+        done = time.perf_counter()
+        assert float(first[0]) == 1.0 and float(first[-1]) == 1.0, "the weights did not arrive"
+        return done
+
     def init_gloo(self, ns):
         import torch.distributed as dist
 
@@ -166,46 +197,17 @@ class WeightWorker(Worker):
             return int(next(line for line in f if line.startswith("VmRSS")).split()[1]) // 1024
 
 
-class RayReceiver:
-    """A raw Ray actor holding its own state dict, as a rollout worker does."""
-
-    def __init__(self, size_mb: int, tensors: int):
-        import warnings
-
-        # ray.get gives read-only arrays; torch.from_numpy of one warns (the copy below never writes it)
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        self.sd = _state_dict(size_mb, tensors, 0.0)  # preallocated and touched, as a receiver's weights
-
-    def get(self, refs):
-        """Read the state dict from the object store and copy each array into this actor's own tensor."""
-        import ray
-        import torch
-
-        arrays = ray.get(refs[0])  # read-only views into the object store
-        for name, arr in arrays.items():
-            self.sd[name].copy_(torch.from_numpy(arr))
-        first = next(iter(self.sd.values()))
-        assert float(first[0]) == 1.0 and float(first[-1]) == 1.0, "the weights did not arrive"
-        return len(arrays)
-
-
-class RaySource:
-    def __init__(self, size_mb: int, tensors: int):
-        self.arrays = {k: v.numpy() for k, v in _state_dict(size_mb, tensors, 1.0).items()}
-
-    def sync(self, receivers, rounds: int):
-        """Median seconds over ``rounds`` (after one warm-up) of ``ray.put`` of the state dict until every
-        receiver has copied it into its own."""
-        import ray
-
-        times = []
-        for _ in range(rounds + 1):
-            start = time.perf_counter()
-            ref = ray.put(self.arrays)
-            ray.get([r.get.remote([ref]) for r in receivers])
-            times.append(time.perf_counter() - start)
-            del ref
-        return statistics.median(times[1:])
+def ray_sync(group, n: int, rounds: int) -> float:
+    """Median seconds over ``rounds`` (after one warm-up) of Ray's object store doing ``broadcast(out=)``'s work:
+    rank 0 ``ray.put``s its state dict; ranks 1..n get it and copy it into their own state dicts.  Timed from
+    before the put to the last receiver's copy (``perf_counter`` is one monotonic clock for every process here)."""
+    receivers = group.execute_on(*range(1, n + 1))
+    times = []
+    for _ in range(rounds + 1):
+        start, refs = group.execute_on(0).ray_put().wait()[0]
+        times.append(max(receivers.ray_receive(refs).wait()) - start)
+        del refs
+    return statistics.median(times[1:])
 
 
 def save_line_plot(name: str, title: str, ns: list, series: dict, ylabel: str) -> str:
@@ -230,26 +232,19 @@ def main(argv=None):
 
 def measure(args, ns: list) -> dict:
     """Seconds by system (``SYSTEMS``) and receiver count, all in one run."""
-    import ray
-
     top = max(ns)
 
     cluster = local_cluster()
     group = WeightWorker.create_group(args.size_mb, args.tensors).launch(
         cluster, NodePlacementStrategy([0] * (top + 1)), name=NAME)
     group.init_gloo(ns).wait()
-    source = ray.remote(num_cpus=0.01)(RaySource).remote(args.size_mb, args.tensors)
     results = {k: {} for k in SYSTEMS}
     for n in ns:
         results["rlinf shm"][n] = group.rlinf_sync(n, args.rounds, False).wait()[0]
         results["rlinf shm views"][n] = group.rlinf_sync(n, args.rounds, False, True).wait()[0]
         results["rlinf TCP"][n] = group.rlinf_sync(n, args.rounds, True).wait()[0]
         results["rlinf shm shared"][n] = group.rlinf_sync(n, args.rounds, False, False, True).wait()[0]
-        # receivers of their own per N, gone before the next: N more state dicts at a time, not all at once
-        receivers = [ray.remote(num_cpus=0.01)(RayReceiver).remote(args.size_mb, args.tensors) for _ in range(n)]
-        results["Ray object store"][n] = ray.get(source.sync.remote(receivers, args.rounds))
-        for r in receivers:
-            ray.kill(r)
+        results["Ray object store"][n] = ray_sync(group, n, args.rounds)
         results["torch gloo"][n] = group.gloo_sync(n, args.rounds).wait()[0]
         results["copy floor"][n] = copy_floor(args.size_mb, n, args.tensors)
         results["copy floor, one buffer"][n] = copy_floor(args.size_mb, n)
