@@ -9,10 +9,12 @@ The path of a payload, top-down:
 2. The source (``broadcast_source``) waits for the receivers it feeds, which
    connect to it (``broadcast_links``), and encodes the object once
    (``broadcast_payload``).
-3. It writes the payload once into a ``memfd`` segment from its pool
-   (``broadcast_shm``, ``broadcast_lending``) and hands that segment to each
-   receiver on its host; a receiver copies out of it, maps it as views, or
-   moves its ``out=`` tensors onto it (``broadcast_out``).
+3. It hands a ``memfd`` segment from its pool (``broadcast_shm``,
+   ``broadcast_lending``) to each receiver on its host, then writes the
+   payload once into it, publishing its progress (``broadcast_progress``);
+   a receiver copies each part out as it is written, or, once it is all
+   there, maps it as views or moves its ``out=`` tensors onto it
+   (``broadcast_out``).
 4. At the same time it streams the payload in chunks to the first of the
    chain, and every receiver there takes each chunk straight into its
    destination and passes it on (``broadcast_chain``).

@@ -97,5 +97,5 @@ def _receive_payload(link, meta: dict, child: Optional[_Child], out, me: str, de
         except (TypeError, ValueError) as exc:
             refusal = exc
     if "segment" in meta:  # the source wrote it once into a segment we share
-        return _read_segment(link, meta, out, targets, refusal, state, feeder, sharing, me)
+        return _read_segment(link, meta, out, targets, refusal, state, feeder, sharing, me, deadline)
     return _relay(link, meta, child, out, targets, refusal, deadline)

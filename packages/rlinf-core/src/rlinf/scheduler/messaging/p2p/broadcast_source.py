@@ -2,9 +2,9 @@
 
 ``_serve`` waits for the receivers the plan (``broadcast_plan``) gives the
 source (``broadcast_links``), encodes the object (``broadcast_payload``),
-writes it once into a segment for the receivers on its host
-(``broadcast_shm``) and streams it to the first of the chain
-(``broadcast_chain``), on a thread of its own, at the same time.  It then
+hands a segment to the receivers on its host and writes the payload into
+it once, chunk by chunk, as they copy it out (``broadcast_shm``), and
+streams it to the first of the chain (``broadcast_chain``), on a thread of its own, at the same time.  It then
 collects every acknowledgement and raises, naming each receiver that did
 not get the payload.  Objects holding device tensors take the
 point-to-point path instead (``_serve_p2p``: one send per receiver).
@@ -21,7 +21,8 @@ from .broadcast_chain import _stream
 from .broadcast_links import _Child, _failure, _raise, _State
 from .broadcast_payload import _describe, _dumps, _layout, _Payload, encode
 from .broadcast_plan import _chunk_for
-from .broadcast_shm import _write_segment
+from .broadcast_progress import PIPELINED
+from .broadcast_shm import _fill_segment, _open_segment
 
 
 def _serve(comm, state: _State, obj, members, src, parent, deadline: float, timeout: float, fallback: bool,
@@ -55,9 +56,14 @@ def _serve(comm, state: _State, obj, members, src, parent, deadline: float, time
     errors = []
     try:
         if shm_children:
-            seg, shm_meta = _write_segment(state, meta, buffers, len(shm_children))
+            # handed over first, then written: the receivers copy each chunk as soon as it is there
+            seg, progress, shm_meta = _open_segment(state, meta, len(shm_children))
+            if not PIPELINED:  # written whole first: the socket orders the bytes before the receivers' reads
+                _fill_segment(seg, progress, meta, buffers)
             for c in shm_children:
                 _feed(c, shm_meta, buffers, nbytes, meta["chunk"], seg.fd, deadline)
+            if PIPELINED:
+                _fill_segment(seg, progress, meta, buffers)
         for c in shm_children:
             errors += c.acknowledgement(deadline)
         if seg is not None:  # never rewritten while a receiver may still read it or holds views of it
