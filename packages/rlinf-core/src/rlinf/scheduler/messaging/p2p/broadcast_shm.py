@@ -57,17 +57,6 @@ def _fill_segment(seg, progress: Progress, meta: dict, buffers: list) -> None:
         raise
 
 
-def _write_segment(state, meta: dict, buffers: list, readers: int) -> tuple:
-    """``(segment, progress, description)`` as ``_open_segment``, with the payload written already."""
-    seg, progress, shm_meta = _open_segment(state, meta, readers)
-    try:
-        _fill_segment(seg, progress, meta, buffers)
-    except BaseException:
-        seg.close()
-        raise
-    return seg, progress, shm_meta
-
-
 def _read_segment(link, meta: dict, out, targets, refusal, state, feeder: str, sharing: bool, me: str,
                   deadline: float) -> tuple:
     """Take the segment the source writes the payload into, and fill the destination from it as the source's
