@@ -1,7 +1,7 @@
 """Point-to-point: rlinf send/recv and send_tensor/recv_tensor against torch.distributed gloo, Ray
 actor-to-actor transfer doing the same work, and this machine's floors, all in one run.
 
-    hatch run bench p2p [--sizes 1,64,256] [--rounds 3]
+    hatch run bench p2p [--sizes 1,64,256] [--rounds 3] [--with-rlinf]
 
 Small object: round-trip time of a small dict (gloo: a 4-float tensor; Ray: an actor call
 returning its argument).  Tensors: one-way time per tensor, streaming K float32 tensors and
@@ -22,7 +22,10 @@ waiting for an ack, until the receiver holds the data:
 
 Targets (same run): small round trip at most 0.5x gloo's; at 256 MiB, ``send_tensor``
 at least 1x Ray's time (Ray time / rlinf time >= 1) and at most 1.25x two warm copies,
-and each API at least 2x gloo and 1x Ray doing the same work.
+and each API at least 2x gloo and 1x Ray doing the same work.  With ``--with-rlinf``,
+RLinf 0.3.0 runs the same calls in its own environment right after rlinf's run
+(``rlinf_side/p2p.py``): an RLinf column, its ratio, its bars in the plot, and a target
+on every row: RLinf time / rlinf time >= 1.
 """
 
 from __future__ import annotations
@@ -242,39 +245,83 @@ def measure(args, sizes) -> tuple:
     return rtt, per
 
 
+def rlinf_side(args, sizes) -> tuple:
+    """RLinf 0.3.0 doing the same work in its own environment (``rlinf_side/p2p.py``): its round-trip seconds
+    and seconds per tensor by (size, kind), or ``(None, {})`` when it could not run (the reason is printed)."""
+    from rlinf_baseline import try_run_rlinf
+
+    got = try_run_rlinf("p2p", {"sizes": sizes, "pingpongs": args.pingpongs, "rounds": args.rounds},
+                        args.rlinf_timeout)
+    if got is None:
+        return None, {}
+    per = {}
+    for size in sizes:
+        bw = got["bw"][str(size)]
+        per[(size, "into")] = size * MiB / bw["send_tensor"]
+        per[(size, "new")] = size * MiB / bw["send/recv"]
+    return got["rtt"], per
+
+
 def main(argv=None):
+    from rlinf_baseline import add_option
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="1,64,256", help="tensor sizes in MiB")
     parser.add_argument("--pingpongs", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    add_option(parser)
     add_run_options(parser, sizes="1", pingpongs=50, rounds=1)
     args = parse(parser, argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     rtt, per = measure(args, sizes)
+    if args.with_rlinf:  # after ours: its Ray is gone, RLinf starts one of its own
+        rtt["RLinf"], theirs = rlinf_side(args, sizes)
+        for key, seconds in theirs.items():
+            per[key]["RLinf"] = seconds
+    with_rlinf = rtt.get("RLinf") is not None
+    report(rtt, per, sizes, with_rlinf)
+    return _targets(rtt, per, sizes, with_rlinf)
 
-    kinds = {"into": "send_tensor -> recv_tensor(buf)", "new": "send -> recv (new tensor)"}
-    systems = ["rlinf", "gloo", "Ray", "TCP floor", "2 copies"]
-    rows = [["small dict round trip (us)"] + [f"{rtt[s] * 1e6:.0f}" for s in ("rlinf", "gloo", "Ray")] + ["-", "-"]
-            + ["", f"{rtt['gloo'] / rtt['rlinf']:.2f}", "", ""]]
+
+KINDS = {"into": "send_tensor -> recv_tensor(buf)", "new": "send -> recv (new tensor)"}
+
+
+def report(rtt: dict, per: dict, sizes: list, with_rlinf: bool) -> None:
+    """Print the table (times, then same-run ratios) with what each baseline does; save the plot."""
+    extra = ["RLinf"] if with_rlinf else []
+    systems = ["rlinf", *extra, "gloo", "Ray", "TCP floor", "2 copies"]
+    ratio_of = lambda t: ([f"{t['RLinf'] / t['rlinf']:.2f}"] if with_rlinf else [])  # noqa: E731
+    rows = [["small dict round trip (us)"] + [f"{rtt[s] * 1e6:.0f}" for s in ("rlinf", *extra, "gloo", "Ray")]
+            + ["-", "-"] + ratio_of(rtt) + ["", f"{rtt['gloo'] / rtt['rlinf']:.2f}", "", ""]]
     for size in sizes:
-        for kind, what in kinds.items():
+        for kind, what in KINDS.items():
             t = per[(size, kind)]
-            rows.append([f"{size} MiB {what} (ms)"] + [f"{t[s] * 1e3:.3g}" for s in systems]
+            rows.append([f"{size} MiB {what} (ms)"] + [f"{t[s] * 1e3:.3g}" for s in systems] + ratio_of(t)
                         + [f"{t['Ray'] / t['rlinf']:.2f}", f"{t['gloo'] / t['rlinf']:.2f}",
                            f"{t['rlinf'] / t['2 copies']:.2f}", f"{t['gloo'] / t['TCP floor']:.2f}"])
     print_table("Point-to-point between two workers on this machine (best of rounds; a tensor's time runs until "
                 "the receiver holds it)",
-                ["measure", "rlinf", "gloo", "Ray", "TCP floor", "2 warm copies", "Ray/rlinf", "gloo/rlinf",
+                ["measure", "rlinf", *(["RLinf 0.3.0"] if with_rlinf else []), "gloo", "Ray", "TCP floor",
+                 "2 warm copies", *(["RLinf/rlinf"] if with_rlinf else []), "Ray/rlinf", "gloo/rlinf",
                  "rlinf/2 copies", "gloo/TCP floor"], rows)
-    for name, work in BASELINES.items():
+    for name, work in {**(RLINF if with_rlinf else {}), **BASELINES}.items():
         print(f"  {name}: {work}")
     labels = [f"{s} MiB" for s in sizes]
-    legend = {"rlinf": "rlinf", "gloo": "gloo", "Ray": "Ray (same work)", "TCP floor": "TCP floor (plain sockets)",
-              "2 copies": "floor: 2 warm copies"}
+    legend = {"rlinf": "rlinf", "RLinf": "RLinf 0.3.0", "gloo": "gloo", "Ray": "Ray (same work)",
+              "TCP floor": "TCP floor (plain sockets)", "2 copies": "floor: 2 warm copies"}
     panels = [plots.bar(labels, {legend[s]: [z * MiB / per[(z, kind)][s] / 1e9 for z in sizes] for s in systems},
-                        "bandwidth (GB/s)", title=what, log=True) for kind, what in kinds.items()]
+                        "bandwidth (GB/s)", title=what, log=True) for kind, what in KINDS.items()]
     save_plot("p2p", "One-way bandwidth by tensor size (higher is better; log scale)", *panels)
 
+
+#: RLinf's column, printed under the table when it ran
+RLINF = {"RLinf 0.3.0": "the same calls (send/recv, send_tensor/recv_tensor into a preallocated tensor) with RLinf "
+                        "0.3.0 from PyPI in its own environment, right after rlinf's run (benchmarks/rlinf_side/p2p.py)"}
+
+
+def _targets(rtt: dict, per: dict, sizes: list, with_rlinf: bool) -> list:
+    """The same-run targets: the round trip against gloo, 256 MiB against Ray, gloo and two warm copies, and
+    with RLinf's column every row against RLinf."""
     targets = [Target("small round trip: rlinf time / gloo time", rtt["rlinf"] / rtt["gloo"], "<=", 0.5)]
     if 256 in sizes:
         into, new = per[(256, "into")], per[(256, "new")]
@@ -285,6 +332,11 @@ def main(argv=None):
             Target("256 MiB send/recv: Ray (put, get, clone) time / rlinf time", new["Ray"] / new["rlinf"], ">=", 1.0),
             Target("256 MiB send/recv: gloo time / rlinf time", new["gloo"] / new["rlinf"], ">=", 2.0),
         ]
+    if with_rlinf:
+        targets.append(Target("small round trip: RLinf time / rlinf time", rtt["RLinf"] / rtt["rlinf"], ">=", 1.0))
+        targets += [Target(f"{size} MiB {what}: RLinf time / rlinf time",
+                           per[(size, kind)]["RLinf"] / per[(size, kind)]["rlinf"], ">=", 1.0)
+                    for size in sizes for kind, what in KINDS.items()]
     return targets
 
 
