@@ -32,9 +32,11 @@ host can put an item that never reached a user back into its queue.
 
 A put that the host takes is *committed* (a one-way ``commit``) before its
 caller, or its asynchronous work, is told it succeeded; until then no
-consumer sees the item.  Every way a put can fail for its caller after the
-host took it (an interrupt, a timeout, the connection lost or its host
-declared dead, a commit that cannot be sent) leaves it uncommitted, and the
+consumer sees the item.  The reading thread commits the put replies of a
+burst together (``commits`` says which thread may commit which put).  Every
+way a put can fail for its caller after the host took it (an interrupt, a
+timeout, the connection lost or its host declared dead, a commit that cannot
+be sent) leaves it uncommitted, and the
 host drops it on the cancel or on the loss of the connection: a put whose
 caller got an error is never delivered, by any path (nothing is resent, and
 a new connection starts with nothing of the old one).
@@ -52,8 +54,9 @@ import time
 import uuid
 from typing import Optional
 
-from ...base.errors import CommTimeoutError, CommunicationError, PeerDiedError
+from ...base.errors import CommunicationError, PeerDiedError
 from ...plugins.transport import Link, LinkBusy
+from .commits import BURST, _Commits, _Reply
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
 
 #: seconds a client waits beyond an operation's own timeout for the host's reply
@@ -71,18 +74,13 @@ class SendTimeout(TimeoutError):
         self.busy = busy
 
 
-class _Reply(concurrent.futures.Future):
-    """The future of a request's reply; ``put_id`` is the request id of a put (which must be committed)."""
-
-    put_id: Optional[int] = None
-
-
-class ChannelClient:
+class ChannelClient(_Commits):
     def __init__(self, channel: str, host: str, link: Link):
         self.channel = channel
         self.host = host
         self._link = link
         self._link_progress = getattr(link, "last_progress", lambda: 0.0)  # a link that cannot tell: never
+        self._bursts = link.poll_fd() is not None  # its recv_nowait works: a reader takes what is there in one go
         self._ids = itertools.count(1)
         self._pending: dict[int, concurrent.futures.Future] = {}
         self._lock = threading.Lock()
@@ -132,12 +130,15 @@ class ChannelClient:
 
     # -- reading ------------------------------------------------------------------------
     def _read_one(self, deadline: float) -> bool:
-        """Read one message and route it (the calling thread is the reader).
+        """Read a message, and the whole ones already behind it (a burst), and route them (the calling
+        thread is the reader).
 
         The reply to a blocking call goes straight to its future, which has
         no callbacks; every other reply is queued for the background reader
         to hand over, so no other operation's callback ever runs in a
-        caller's thread.  False once the connection is lost (every pending
+        caller's thread.  The put replies this reader may commit are
+        committed together, with one message, before they are handed over
+        (see ``commits``).  False once the connection is lost (every pending
         operation has then failed); ``TimeoutError`` if nothing came by
         ``deadline`` (the link keeps what it read of a message).  An
         interrupt (``KeyboardInterrupt``) during a read gives the connection
@@ -145,32 +146,21 @@ class ChannelClient:
         pending operation fails at once instead of waiting for a lost reply
         (the next operation connects afresh; the host puts back the items it
         had sent)."""
+        batch: list = []
         try:
-            _raw, frames = self._link.recv(deadline)
-            ctrl = control(frames[0])
-            self._last_heard = time.monotonic()
-            rid = ctrl.get("id", 0)
-            if not rid:
-                self._ping_out = False  # a pong
-            elif rid in self._blocking:
-                with self._lock:
-                    fut = self._pending.pop(rid, None)
-                    self._blocking.discard(rid)
-                if fut is not None and not fut.done():
-                    fut.set_result((ctrl, frames[1:]))
-            else:
-                # an asynchronous put is committed as its reply is read, not when it is handed over: the
-                # hand-over may wait behind a callback that itself waits for this item
-                with self._lock:
-                    fut = self._pending.get(rid)
-                failed = None
-                if fut is not None and not fut.done():
-                    try:
-                        self._commit_if_put(fut, ctrl)
-                    except Exception as exc:  # left uncommitted (the host drops it); its caller hears why
-                        failed = exc
-                self._replies.append((rid, ctrl, frames[1:], failed))
-                self._nudge()
+            try:
+                _raw, frames = self._link.recv(deadline)
+                self._route(frames, batch)
+                for _ in range(BURST if self._bursts else 0):
+                    msg = self._link.recv_nowait()
+                    if msg is None:
+                        break
+                    self._route(msg[1], batch)
+            except BaseException:
+                self._drop_batch(batch)  # nothing committed: the connection is given up below, the host drops them
+                raise
+            if batch:
+                self._commit_batch(batch)
             return True
         except TimeoutError:
             if self._dead is None and self._link.is_open():
@@ -184,6 +174,34 @@ class ChannelClient:
         except BaseException as exc:
             self.fail(f"{self._connection()} was given up: {type(exc).__name__} interrupted a read of it")
             raise
+
+    def _route(self, frames: list, batch: list) -> None:
+        """Route one message read: a pong, a blocking call's reply, one to commit (into ``batch``), or
+        one for the background reader to hand over."""
+        ctrl = control(frames[0])
+        self._last_heard = time.monotonic()
+        rid = ctrl.get("id", 0)
+        if not rid:
+            self._ping_out = False  # a pong
+            return
+        with self._lock:
+            fut = self._pending.get(rid)
+            if fut is None:
+                return  # a reply to a request given up; the cancel sent for it makes the host put its items back
+            blocking = rid in self._blocking
+            commit = self._may_commit(fut, blocking, ctrl)
+            if blocking:
+                del self._pending[rid]
+                self._blocking.discard(rid)
+                fut.claimed = commit
+        if commit:
+            batch.append((rid, fut, ctrl, frames[1:], blocking))
+        elif blocking:
+            if not fut.done():
+                fut.set_result((ctrl, frames[1:]))
+        else:
+            self._replies.append((rid, ctrl, frames[1:], None))
+            self._nudge()
 
     def _connection(self) -> str:
         return f"the connection to the host of channel {self.channel!r} ({self.host})"
@@ -271,7 +289,7 @@ class ChannelClient:
         while not fut.done():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise concurrent.futures.TimeoutError()
+                return self._timed_out(fut, self._send_timeout + REPLY_GRACE)
             if not self._claim():  # another thread reads; it may stop before our reply (a callback's call)
                 try:
                     fut.result(min(left, 0.5))
@@ -282,7 +300,7 @@ class ChannelClient:
                 while not fut.done():
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise concurrent.futures.TimeoutError()
+                        break  # withdrawn (or its claimed commit awaited) above, once no longer the reader
                     try:
                         if not self._read_one(time.monotonic() + min(left, 1.0)):
                             break  # lost: fail() has failed the future
@@ -291,37 +309,8 @@ class ChannelClient:
             finally:
                 self._release()
         reply = fut.result(0)
-        self._commit_if_put(fut, reply[0])  # an interrupt before this leaves it to the caller's cancel
+        self._commit_if_put(fut, reply[0])  # unless a reader did; an interrupt before this leaves it to the caller's cancel
         return reply
-
-    def _commit_if_put(self, fut: concurrent.futures.Future, ctrl: dict) -> None:
-        """Commit a put the host took, before its caller hears that it succeeded (see the module docstring).
-
-        Raises, with the put left uncommitted (the host drops it), if the
-        commit cannot be sent: ``PeerDiedError`` (the connection is lost) or
-        ``CommTimeoutError`` (another send held the connection for the send
-        timeout; the put is cancelled)."""
-        rid = getattr(fut, "put_id", None)
-        if rid is None or ctrl.get("error"):
-            return
-        if self._dead:
-            raise PeerDiedError(self._dead, peer=self.host)
-        try:
-            self._send([pack({"id": 0, "op": "commit", "ids": [rid]})], self._send_timeout)
-        except TimeoutError:
-            if not self._link.is_open():
-                raise PeerDiedError(self._dead or f"{self._connection()} was lost", peer=self.host) from None
-            self.cancel(rid)  # nothing of the commit was sent; queued if it cannot go now
-            raise CommTimeoutError(f"the put on channel {self.channel!r} was taken, but another send held the "
-                                   f"connection for {self._send_timeout:g} s and it could not be committed; "
-                                   f"it was withdrawn", peer=self.host) from None
-        except BaseException as exc:
-            # a commit broken midway (or interrupted) leaves the stream unusable: give the connection up
-            reason = f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}"
-            self.fail(reason)
-            if isinstance(exc, Exception):
-                raise PeerDiedError(reason, peer=self.host) from None
-            raise
 
     def _heartbeat(self) -> None:
         next_beat = time.monotonic()
@@ -407,10 +396,11 @@ class ChannelClient:
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
         self._send_abandoned(limit)  # before this request, so an item put back keeps its place ahead of it
         fut = _Reply()
+        fut.owner = threading.get_ident()
         with self._lock:
             if self._dead:
                 raise PeerDiedError(self._dead, peer=self.host)
-            rid = next(self._ids)
+            rid = fut.rid = next(self._ids)
             if ctrl.get("op") == "put":
                 fut.put_id = rid
             self._pending[rid] = fut

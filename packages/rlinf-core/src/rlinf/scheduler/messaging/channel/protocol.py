@@ -12,12 +12,40 @@ closes its connection, so that the host has read its last acks).  One-way: ``ack
 client handed those replies' items to its user, the host may forget them;
 acks also ride on any request as ``acks``),
 ``commit`` (``ids``: puts the host answered as taken, whose callers the client
-is telling they succeeded: only now do their items reach consumers; a put
-taken and never committed is dropped on a cancel or when the connection
-ends, so a put whose caller got an error never happened)
+is telling they succeeded: only now do their items reach consumers, in the
+order of ``ids``; it may carry ``acks`` too; a put taken and never committed
+is dropped on a cancel or when the connection ends, so a put whose caller got
+an error never happened)
 and ``cancel`` (``target``: the request was given up; a parked request or an
 uncommitted put is dropped, an item already sent for it goes back to the head
 of its queue).
+
+Why a put's outcome is what its caller was told:
+
+* *A call that returned happened.*  The client hands a put's commit to the
+  connection before the caller (or its asynchronous work) hears that it
+  succeeded.  A message handed over reaches the host whole even if the
+  client's process dies or the connection is given up right after: the host
+  reads the whole messages a departed client left (commits and acks) before it
+  drops that client's uncommitted puts.  Only the host's own death loses it.
+* *A call that raised did not happen.*  A commit is sent only for a caller that
+  can no longer get an error: every failure before it (a timeout, a lost
+  connection, a host declared dead, a commit that could not be sent, an
+  interrupt) leaves the put uncommitted, and the host drops it on the cancel
+  or the end of the connection.  A caller whose wait times out while a reader
+  is committing its put waits for that commit instead and returns its outcome.
+  Interrupts land only in the main thread, so only its own thread commits a
+  main-thread put; an interrupt that lands after the commit was handed over
+  is like one that lands just after the call returned.
+* *No queue goes past maxsize.*  A put taken holds its place (counted against
+  ``maxsize``) from the take until it is committed or dropped.
+
+Commits are batched, which is what keeps the host near one message per put:
+the client's reading thread commits every put reply it reads in one burst
+(the whole messages already there) with one ``commit`` before handing them
+over, so under load one commit covers the puts of many threads.  A commit is
+never held back waiting for company: an item becomes visible as soon as its
+reply has been read, so a lone put is no slower than with a commit of its own.
 """
 
 from __future__ import annotations

@@ -57,7 +57,9 @@ class _KeyQueues:
         self._reply(conn, {"id": rid})
 
     def _commit(self, conn: _Conn, ids) -> None:
-        """The client told the callers of these puts that they succeeded: their items join their queues."""
+        """The client tells the callers of these puts that they succeeded: their items join their queues
+        (in the order of ``ids``), and each key touched is served once."""
+        touched = []
         for i in ids:
             entry = conn.uncommitted.pop(i, None)
             if entry is None:
@@ -66,6 +68,9 @@ class _KeyQueues:
             q = self._queues[key]
             q.uncommitted -= 1
             q.items.append(item)
+            if key not in touched:
+                touched.append(key)
+        for key in touched:
             self._progress(key)
 
     def _drop_uncommitted(self, conn: _Conn, rid: int) -> str:

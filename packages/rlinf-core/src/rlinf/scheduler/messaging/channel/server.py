@@ -133,6 +133,7 @@ class ChannelServer(_KeyQueues):
         self._compact_timers_at = _MIN_TIMERS_COMPACT
         self._seq = itertools.count()
         self._inbox: collections.deque = collections.deque()  # callables posted to the loop by other threads
+        self._messages = 0  # messages handled, from every client (a put costs one, plus its share of a commit)
         self._again: set = set()  # connections that may hold more requests already read off their socket
         self._to_flush: list = []  # connections with new replies, handed to the senders after this turn
         self._wake_r, self._wake_w = socket.socketpair()
@@ -276,10 +277,10 @@ class ChannelServer(_KeyQueues):
                 ctrl = control(msg[1][0])
             except Exception:
                 return
-            if ctrl.get("op") == "commit":
+            op = ctrl.get("op")
+            self._acked(conn, ctrl.get("ids", ()) if op == "ack" else ctrl.get("acks", ()))
+            if op == "commit":
                 self._commit(conn, ctrl.get("ids", ()))
-            elif ctrl.get("op") == "ack":
-                self._acked(conn, ctrl.get("ids", ()))
 
     def _acked(self, conn: _Conn, ids) -> None:
         for i in ids:
@@ -427,6 +428,7 @@ class ChannelServer(_KeyQueues):
         if not conn.alive:
             return
         conn.last_heard = time.monotonic()
+        self._messages += 1
         ctrl: dict = {}
         try:
             ctrl = control(frames[0])
@@ -493,14 +495,16 @@ class ChannelServer(_KeyQueues):
         """The host's state, read on the loop: totals, and with ``detail`` every key's queue.
 
         ``keys``/``items``/``clients``/``in_flight`` count keys with state, queued
-        items, connected clients and replies not yet acknowledged; ``queues``
+        items, connected clients and replies not yet acknowledged; ``messages``
+        counts the messages handled since the host started; ``queues``
         maps each key (as ``show_key`` writes it) to its ``items``, parked
         ``getters`` and parked ``putters``, and ``uncommitted`` puts (taken, not
         yet committed by their producers: they hold places, unseen).  Call it on the loop (``stats``
         does); a request handler may call it directly.
         """
         out = {"keys": len(self._queues), "items": sum(len(q.items) for q in self._queues.values()),
-               "clients": len(self._conns), "in_flight": sum(len(c.inflight) for c in self._conns)}
+               "clients": len(self._conns), "in_flight": sum(len(c.inflight) for c in self._conns),
+               "messages": self._messages}
         if detail:
             out["queues"] = {show_key(k): {"items": len(q.items), "getters": len(q.getters), "putters": len(q.putters),
                                            "uncommitted": q.uncommitted}
@@ -508,15 +512,29 @@ class ChannelServer(_KeyQueues):
         return out
 
     def stats(self, detail: bool = False) -> dict:
-        """``snapshot`` from any thread."""
-        return self._ask(lambda: self.snapshot(detail))
+        """``snapshot`` from any thread, once the loop has served every whole message already waiting.
+
+        So the numbers reflect whatever clients handed to the connections the
+        loop reads before asking: a put that returned there has been committed."""
+        return self._ask(lambda: self._caught_up(lambda: self.snapshot(detail)))
+
+    def _caught_up(self, fn: Callable):
+        """``fn()`` once every connection's whole waiting messages are served (loop only; bounded)."""
+        for conn in list(self._conns):
+            for _ in range(1000):  # bursts of _READ_BURST: far more than clients send while this runs
+                if not conn.alive or conn.fd is None:
+                    break
+                self._read(conn)
+                if conn not in self._again:
+                    break
+        return fn()
 
     def describe(self, max_keys: int = 200, timeout: float = 2.0) -> dict:
         """Read-only, for ``python -m rlinf.scheduler status``: per key its queued items, parked gets and puts.
 
         Read on the loop (bounded by ``timeout``), like ``stats``.
         """
-        snap = self._ask(lambda: self.snapshot(True), timeout=timeout)
+        snap = self._ask(lambda: self._caught_up(lambda: self.snapshot(True)), timeout=timeout)
         keys = [{"key": k, **v} for k, v in snap["queues"].items()]
         keys.sort(key=lambda k: (-k["items"] - k["getters"] - k["putters"], k["key"]))
         return {"name": self.name, "maxsize": self.maxsize, "clients": snap["clients"], "in_flight": snap["in_flight"],
