@@ -18,6 +18,12 @@ queues.  Then the slow-consumer case: the same load on a bounded channel
 (``maxsize`` 8) whose key-7 consumers sleep ``--slow-ms`` after each get, so
 key 7's producers wait on a full queue; producers of the other 7 keys should
 keep the rate they have when every consumer is fast (target: at least 0.5x).
+
+``--with-rlinf`` also runs the same work on RLinf 0.3.0's ``Channel`` (its own
+virtual environment and Ray, after this run's cluster has stopped; see
+``rlinf_baseline.py``; the Ray queues are not run again there): an RLinf
+column on every row, rlinf's rate over RLinf's (>= 1 means rlinf is faster),
+and the target ">= 1x RLinf" on each row RLinf ran.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import argparse
 import time
 
 from common import Target, add_run_options, close_cluster, local_cluster, parse, print_table, save_bar_plot
+
+import rlinf_baseline
 
 from rlinf.scheduler import Channel, NodePlacementStrategy, Worker
 
@@ -189,6 +197,7 @@ def main(argv=None):
     parser.add_argument("--load-messages", type=int, default=300, help="items per producer in the load cases")
     parser.add_argument("--slow-ms", type=float, default=20.0, help="sleep of the slow consumers after each get")
     parser.add_argument("--load-repeat", type=int, default=2, help="runs of each load case (best counts)")
+    rlinf_baseline.add_option(parser)
     add_run_options(parser, messages=20, warmup=5, load_messages=5, slow_ms=2.0, load_repeat=1)
     args = parse(parser, argv)
     from ray.util.queue import Queue
@@ -198,37 +207,81 @@ def main(argv=None):
     cons = Endpoint.create_group().launch(cluster, NodePlacementStrategy([0]), name="bench_consumer")
     ours = Channel.create("bench_channel")
     theirs = Queue(actor_options={"num_cpus": 0.01})
-    kinds = ["small dict", "1 MiB tensor", "list of 8 tensors"]
     results = {}
-    for kind in kinds:
+    for kind in KINDS:
         run_case(prod, cons, ours, kind, args.warmup, True)  # warm-up: connections, shared memory
         run_case(prod, cons, theirs, kind, args.warmup, False)
         results[kind] = (run_case(prod, cons, ours, kind, args.messages, True),
                          run_case(prod, cons, theirs, kind, args.messages, False))
-    rows = []
-    for kind in kinds:
-        o, t = results[kind]
-        for mode in ("concurrent", "put-only", "get-only"):
-            rows.append([kind, mode, f"{o[mode]:.0f}", f"{t[mode]:.0f}", f"{o[mode] / t[mode]:.2f}x"])
-    print_table(f"Channel vs ray.util.queue.Queue, {args.messages} messages (items/s)",
-                ["item", "mode", "rlinf Channel", "Ray Queue", "ratio"], rows)
-    save_bar_plot("channel", "Concurrent put+get throughput", kinds,
-                  {"rlinf Channel": [results[k][0]["concurrent"] for k in kinds],
-                   "Ray Queue": [results[k][1]["concurrent"] for k in kinds]}, "throughput (items/s)", log=True)
     prod.stop()
     cons.stop()
     load_rows, load_targets, load = load_cases(cluster, args.load_messages, max(2, args.load_messages // 10), args.slow_ms,
                                                args.load_repeat)
+    close_cluster(cluster)  # before RLinf's run: two Rays at once would share the machine's cores
+    rl = None
+    if args.with_rlinf:
+        rl = rlinf_baseline.try_run_rlinf("channel", {
+            "messages": args.messages, "warmup": args.warmup, "load_messages": args.load_messages,
+            "slow_ms": args.slow_ms, "load_repeat": args.load_repeat,
+            "load_timeout": max(60.0, args.rlinf_timeout / 3)}, args.rlinf_timeout)
+    rows = []
+    for kind in KINDS:
+        o, t = results[kind]
+        for mode in MODES:
+            rows.append([kind, mode, f"{o[mode]:.0f}", f"{t[mode]:.0f}", f"{o[mode] / t[mode]:.2f}x"])
+    rlinf_targets = []
+    if args.with_rlinf:
+        rlinf_targets = rlinf_columns(rows, load_rows, results, load, rl)
+    header = ["item", "mode", "rlinf Channel", "Ray Queue", "ratio"] + RLINF_HEADER * args.with_rlinf
+    print_table(f"Channel vs ray.util.queue.Queue, {args.messages} messages (items/s)", header, rows)
+    series = {"rlinf Channel": [results[k][0]["concurrent"] for k in KINDS],
+              "Ray Queue": [results[k][1]["concurrent"] for k in KINDS]}
+    if args.with_rlinf:
+        series["RLinf 0.3.0 Channel"] = [rl["rates"][k]["concurrent"] if rl else NAN for k in KINDS]
+    save_bar_plot("channel", "Concurrent put+get throughput", KINDS, series, "throughput (items/s)", log=True)
     print_table(f"Channels under load, {args.load_messages} small dicts per producer, best of {args.load_repeat} (items/s)",
-                ["clients", "case", "rlinf Channel", "baseline", "ratio"], load_rows)
+                ["clients", "case", "rlinf Channel", "baseline", "ratio"] + RLINF_HEADER * args.with_rlinf, load_rows)
+    series = {"rlinf Channel": [load["load"][0], load["slow"][0]],
+              "baseline (8 Ray Queues; no slow consumer)": [load["load"][1], load["slow"][1]]}
+    if args.with_rlinf:
+        got = rl.get("load") if rl else None
+        series["RLinf 0.3.0 Channel"] = [got["all"], got["slow"]] if got else [NAN, NAN]
     save_bar_plot("channel_load", "32 producers x 32 consumers on 8 keys", ["all keys", "beside a slow consumer"],
-                  {"rlinf Channel": [load["load"][0], load["slow"][0]],
-                   "baseline (8 Ray Queues; no slow consumer)": [load["load"][1], load["slow"][1]]},
-                  "throughput (items/s)", log=True)
-    close_cluster(cluster)
-    ratio = {k: results[k][0]["concurrent"] / results[k][1]["concurrent"] for k in kinds}
+                  series, "throughput (items/s)", log=True)
+    ratio = {k: results[k][0]["concurrent"] / results[k][1]["concurrent"] for k in KINDS}
     return [Target("1 MiB tensors concurrent vs Ray Queue", ratio["1 MiB tensor"], ">=", 2.0),
-            Target("small dicts concurrent vs Ray Queue", ratio["small dict"], ">=", 1.0), *load_targets]
+            Target("small dicts concurrent vs Ray Queue", ratio["small dict"], ">=", 1.0), *load_targets,
+            *rlinf_targets]
+
+
+KINDS = ["small dict", "1 MiB tensor", "list of 8 tensors"]
+MODES = ("concurrent", "put-only", "get-only")
+NAN = float("nan")
+#: the columns ``--with-rlinf`` adds: RLinf's rate, and rlinf's over RLinf's (the inverse of their times' ratio)
+RLINF_HEADER = ["RLinf 0.3.0", "rlinf/RLinf rate = RLinf/rlinf time (>= 1: rlinf faster)"]
+
+
+def rlinf_columns(rows: list, load_rows: list, results: dict, load: dict, rl: dict | None) -> list:
+    """Add RLinf's rate and the ratio to each row (in place); the ">= 1x RLinf" targets of the rows RLinf ran."""
+    targets = []
+
+    def add(row, measure, ours, theirs, missing):
+        if theirs is None:
+            row += [missing, ""]
+            return
+        row += [f"{theirs:.0f}", f"{ours / theirs:.2f}x (target >= 1)"]
+        targets.append(Target(f"{measure}: rlinf vs RLinf 0.3.0", ours / theirs, ">=", 1.0))
+
+    failed = "failed (see above)"
+    it = iter(rows)
+    for kind in KINDS:
+        for mode in MODES:
+            add(next(it), f"{kind} {mode}", results[kind][0][mode], rl["rates"][kind][mode] if rl else None, failed)
+    got = rl.get("load") if rl else None
+    why = failed if rl is None else f"n/a: RLinf's load run failed ({rl.get('load_error')})"
+    add(load_rows[0], "load, all keys", load["load"][0], got["all"] if got else None, why)
+    add(load_rows[1], "load, other keys beside a slow consumer", load["slow"][0], got["slow"] if got else None, why)
+    return targets
 
 
 if __name__ == "__main__":
