@@ -1,6 +1,6 @@
 """Weight sync: one trainer broadcasts a state dict to N rollout workers on this host, same run.
 
-    hatch run bench weights [--size-mb 512] [--tensors 64] [--ns 1,2,4,8] [--rounds 3]
+    hatch run bench weights [--size-mb 512] [--tensors 64] [--ns 1,2,4,8] [--rounds 3] [--with-rlinf]
 
 * rlinf shm: ``broadcast(state_dict)`` on the trainer, ``broadcast(out=own_state_dict)``
   on each receiver (filled in place); the payload is written once into shared memory.
@@ -40,7 +40,11 @@ measured in the same run, after each N's systems.
 
 Targets at the largest N: ``broadcast(out=)`` and ``shm shared`` at least 1x Ray and
 3x gloo, rlinf TCP at least 3x gloo, each at most 2x its time at the smallest N; and at
-N=8 (when measured) ``broadcast(out=)`` at most 1.3x the copy floor.
+N=8 (when measured) ``broadcast(out=)`` at most 1.3x the copy floor.  With ``--with-rlinf``,
+RLinf 0.3.0 runs the same broadcast in its own environment after rlinf's run
+(``rlinf_side/weights.py``); its only form hands each receiver a new state dict, the
+work of rlinf's ``broadcast`` without ``out=`` (shm views), which must be at least 1x
+RLinf at every N; its ratio to ``broadcast(out=)`` is printed too.
 """
 
 from __future__ import annotations
@@ -71,8 +75,13 @@ SYSTEMS = {
     "copy floor, one buffer": "copy floor (1 buffer)",
     "TCP floor": "TCP floor",
 }
+#: RLinf 0.3.0's series, with ``--with-rlinf``
+RLINF = "RLinf 0.3.0"
 #: what each does, printed under the table
 WORK = {
+    RLINF: "RLinf 0.3.0 from PyPI in its own environment, right after rlinf's run: broadcast(state_dict, groups=...) "
+           "on the trainer, broadcast(None, groups=...) on each receiver, which gets a new state dict (its one "
+           "form; the work of rlinf's broadcast without out=) (benchmarks/rlinf_side/weights.py)",
     "rlinf shm": "rlinf over shared memory, each receiver fills its own state dict in place",
     "rlinf shm shared": "the same with share_memory=True: the receivers' tensors move onto the segment (no copy)",
     "rlinf shm views": "no out=: receivers get read-only views of the segment (no copy)",
@@ -222,10 +231,20 @@ def main(argv=None):
     parser.add_argument("--tensors", type=int, default=64)
     parser.add_argument("--ns", default="1,2,4,8", help="receiver counts")
     parser.add_argument("--rounds", type=int, default=3)
+    from rlinf_baseline import add_option
+
+    add_option(parser)
     add_run_options(parser, size_mb=8, tensors=4, ns="1,2", rounds=1)
     args = parse(parser, argv)
     ns = [int(n) for n in args.ns.split(",")]
     results = measure(args, ns)
+    if args.with_rlinf:  # after ours: its Ray is gone, RLinf starts one of its own
+        from rlinf_baseline import try_run_rlinf
+
+        got = try_run_rlinf("weights", {"size_mb": args.size_mb, "tensors": args.tensors, "ns": ns,
+                                        "rounds": args.rounds}, args.rlinf_timeout)
+        if got is not None:
+            results[RLINF] = {n: got["broadcast"][str(n)] for n in ns}
     report(args, ns, results)
     return _targets(results, ns)
 
@@ -258,12 +277,14 @@ def measure(args, ns: list) -> dict:
 def report(args, ns: list, r: dict) -> None:
     """Print the times and their ratios, with what each baseline does; save the plot."""
     top = max(ns)
+    systems = {**SYSTEMS, **({RLINF: RLINF} if RLINF in r else {})}
     print_table(f"Weight sync: {args.size_mb} MiB in {args.tensors} tensors, one source to N receivers on this host "
-                f"(seconds, median of {args.rounds})", ["N"] + [SYSTEMS[k] for k in SYSTEMS],
-                [[n] + [r[k][n] for k in SYSTEMS] for n in ns])
-    for k, work in SYSTEMS.items():
+                f"(seconds, median of {args.rounds})", ["N"] + [systems[k] for k in systems],
+                [[n] + [r[k][n] for k in systems] for n in ns])
+    for k, work in systems.items():
         print(f"  {work}: {WORK[k]}")
-    ratios = {"Ray / out=": ("Ray object store", "rlinf shm"), "Ray / shared": ("Ray object store", "rlinf shm shared"),
+    ratios = {**({"RLinf / views": (RLINF, "rlinf shm views"), "RLinf / out=": (RLINF, "rlinf shm")}
+                 if RLINF in r else {}),"Ray / out=": ("Ray object store", "rlinf shm"), "Ray / shared": ("Ray object store", "rlinf shm shared"),
               "gloo / out=": ("torch gloo", "rlinf shm"), "gloo / shared": ("torch gloo", "rlinf shm shared"),
               "gloo / TCP": ("torch gloo", "rlinf TCP"), "out= / copy floor": ("rlinf shm", "copy floor"),
               "TCP / TCP floor": ("rlinf TCP", "TCP floor"), "gloo / TCP floor": ("torch gloo", "TCP floor")}
@@ -272,13 +293,14 @@ def report(args, ns: list, r: dict) -> None:
     print(f"(not targets) rlinf shm views: time at N={top} / time at N={min(ns)}: "
           f"{r['rlinf shm views'][top] / r['rlinf shm views'][min(ns)]:.2f}; copy floor at N={top} / N={min(ns)}: "
           f"{r['copy floor'][top] / r['copy floor'][min(ns)]:.2f} on {os.cpu_count()} CPUs")
-    plotted = [k for k in SYSTEMS if k != "copy floor, one buffer"]
+    plotted = [k for k in systems if k != "copy floor, one buffer"]
     save_line_plot("weights", f"Broadcast of {args.size_mb} MiB in {args.tensors} tensors",
-                   ns, {SYSTEMS[k]: [r[k][n] for n in ns] for k in plotted}, "time, lower is better (s)")
+                   ns, {systems[k]: [r[k][n] for n in ns] for k in plotted}, "time, lower is better (s)")
 
 
 def _targets(r: dict, ns: list) -> list:
-    """The same-run targets: at the largest N, and the copy floor's at N=8 when it was measured."""
+    """The same-run targets: at the largest N, the copy floor's at N=8 when it was measured, and RLinf's at every
+    N when it ran."""
     top, lo = max(ns), min(ns)
     shm, shared, tcp, ray_t, gloo = (r[k] for k in ("rlinf shm", "rlinf shm shared", "rlinf TCP",
                                                     "Ray object store", "torch gloo"))
@@ -294,6 +316,9 @@ def _targets(r: dict, ns: list) -> list:
     ]
     if 8 in ns:
         targets.append(Target("N=8: broadcast(out=) time / copy floor", shm[8] / r["copy floor"][8], "<=", 1.3))
+    if RLINF in r:  # every N: RLinf's broadcast against the same call in rlinf (no out=)
+        targets += [Target(f"N={n}: RLinf broadcast time / rlinf broadcast (no out=) time",
+                           r[RLINF][n] / r["rlinf shm views"][n], ">=", 1.0) for n in ns]
     return targets
 
 
