@@ -10,7 +10,6 @@ then sleeps in growing steps up to ``MAX_SLEEP`` (CPU), and raises
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Callable, Optional
 
@@ -25,40 +24,39 @@ _FIRST_SLEEP = 0.00002
 _spin_cache: dict = {}
 _testall = None
 
-# Waits in progress, so that ``MPI_Finalize`` runs only once none of them can call MPI again:
-# a test after it aborts the rank ("Attempting to use an MPI routine ... after finalizing").
-_waits = 0
-_waits_lock = threading.Lock()
-_waits_done = threading.Condition(_waits_lock)
+# Threads inside MPI calls made from here, so that ``MPI_Finalize`` runs only once none of them can call
+# MPI again: a test after it aborts the rank ("Attempting to use an MPI routine ... after finalizing").
+# One list entry per thread inside; ``list.append``/``pop`` are atomic, so entering costs no lock (it is on
+# every message's path).  A thread appends, then looks at ``_ending``; ``end_waits`` sets ``_ending``, then
+# looks at the list: whichever comes second sees the other.
+_inside: list = []
 _ending: Optional[str] = None  # why no MPI call may start any more (set by ``end_waits``)
+#: ``leave_mpi()`` ends what ``enter_mpi()`` began
+leave_mpi = _inside.pop
 
 
-def _enter() -> None:
-    global _waits
-    with _waits_lock:
-        if _ending:
-            raise ConnectionError(_ending)
-        _waits += 1
+def enter_mpi() -> None:
+    """Count this thread as inside MPI until ``leave_mpi()``.
 
-
-def _leave() -> None:
-    global _waits
-    with _waits_lock:
-        _waits -= 1
-        if not _waits:
-            _waits_done.notify_all()
+    Raises:
+        ConnectionError: the rank is ending (``end_waits`` ran): no MPI call may start.
+    """
+    _inside.append(None)
+    if _ending:
+        _inside.pop()
+        raise ConnectionError(_ending)
 
 
 class _InMpi:
-    """``with IN_MPI:`` around MPI calls: counted like a wait, refused once the rank is ending."""
+    """``with IN_MPI:`` around MPI calls: ``enter_mpi``/``leave_mpi`` as a context manager."""
 
     __slots__ = ()
 
     def __enter__(self) -> None:
-        _enter()
+        enter_mpi()
 
     def __exit__(self, *exc) -> None:
-        _leave()
+        leave_mpi()
 
 
 IN_MPI = _InMpi()
@@ -66,12 +64,16 @@ IN_MPI = _InMpi()
 
 def end_waits(timeout: float, who: str) -> bool:
     """Before ``MPI_Finalize``: every wait ends at its next test (``ConnectionError`` naming ``who``,
-    the ending rank), no new one starts, and this returns once none is left (False if some still were
-    after ``timeout`` s)."""
+    the ending rank), no new MPI call starts here, and this returns once no thread is inside one (False
+    if some still were after ``timeout`` s)."""
     global _ending
-    with _waits_lock:
-        _ending = f"{who} is ending (MPI_Finalize): no more MPI operations on it"
-        return _waits_done.wait_for(lambda: not _waits, timeout)
+    _ending = f"{who} is ending (MPI_Finalize): no more MPI operations on it"
+    end = time.monotonic() + timeout
+    while _inside:
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.0005)
+    return True
 
 
 def spin_seconds() -> float:

@@ -31,7 +31,7 @@ import numpy as np
 from rlinf.scheduler.plugins.transport import READ_AHEAD_MESSAGE_COST, HeldWithin, Link, LinkClosed, Transport
 
 from . import runtime
-from .polling import IN_MPI, wait_for, wait_requests
+from .polling import enter_mpi, leave_mpi, wait_for, wait_requests
 from .service import TAG_HELLO, rank_alive, send_bytes, service
 
 _HEAD = struct.Struct("<BH")
@@ -71,6 +71,34 @@ def _empty(size: int):
     return np.empty(size, dtype=np.uint8)  # not zeroed: MPI writes every byte
 
 
+def _take(lock, deadline: Optional[float], what: str) -> None:
+    """Hold a link's ``lock`` for one operation, counted as inside MPI (``enter_mpi``): ``HeldWithin``'s
+    rules (a bounded wait for another thread's operation) with no object made when the lock is free,
+    which it is for nearly every message.  ``_give(lock)`` ends it.
+
+    Raises:
+        RuntimeError: the calling thread holds ``lock`` already (an operation inside another).
+        LinkBusy: another thread's operation held it until ``deadline``.
+        ConnectionError: the rank is ending (MPI_Finalize).
+    """
+    if lock._is_owned():
+        raise RuntimeError(f"a {what} on a link inside another one on the same thread")
+    try:
+        if not lock.acquire(False):
+            HeldWithin(lock, deadline, what).__enter__()
+        enter_mpi()
+    except BaseException:
+        if lock._is_owned():  # taken, then refused or interrupted: never leave it held
+            lock.release()
+        raise
+
+
+def _give(lock) -> None:
+    """End what ``_take(lock, ...)`` began."""
+    leave_mpi()
+    lock.release()
+
+
 class MpiLink(Link):
     def __init__(self, world: runtime.World, peer: int, send_tag: int, recv_tag: int):
         self._comm = world.data
@@ -106,14 +134,22 @@ class MpiLink(Link):
     def send(self, frames: Sequence, deadline: Optional[float], raw: bool = False) -> None:
         if self._peer_closed or not self._open:
             self._check_open()
+        lock = self._send_lock
+        _take(lock, deadline, "send")
+        try:
+            self._send(frames, deadline, raw)
+        finally:
+            _give(lock)
+
+    def _send(self, frames: Sequence, deadline: Optional[float], raw: bool) -> None:
+        """``send`` with the send lock held."""
+        comm, peer, tag = self._comm, self.peer, self._send_tag
         if len(frames) == 1:  # the common small object: one MPI message, one byte of header
             frame = frames[0]
             if (len(frame) if type(frame) is bytes else _nbytes(frame)) <= INLINE_MAX:
                 message = b"".join((_SINGLE[raw], frame))
-                with HeldWithin(self._send_lock, deadline, "send"), IN_MPI:
-                    request = self._comm.Isend([message, _BYTE], self.peer, self._send_tag)
-                    if request.Test():  # small messages are buffered by MPI at once
-                        return
+                request = comm.Isend([message, _BYTE], peer, tag)
+                if not request.Test():  # small messages are buffered by MPI at once
                     self._wait_sent([request], [message], deadline)
                 return
         sizes = [_nbytes(f) for f in frames]
@@ -122,19 +158,17 @@ class MpiLink(Link):
         flags = (FLAG_RAW if raw else 0) | (FLAG_INLINE if inline else 0)
         head = _HEAD.pack(flags, len(frames)) + _SIZES[len(sizes)].pack(*sizes) if len(sizes) < 8 else (
             _HEAD.pack(flags, len(frames)) + b"".join(_SIZE.pack(n) for n in sizes))
-        comm, peer, tag = self._comm, self.peer, self._send_tag
-        with HeldWithin(self._send_lock, deadline, "send"), IN_MPI:
-            if inline:
-                message = b"".join([head, *frames])
-                request = comm.Isend([message, _BYTE], peer, tag)
-                if request.Test():  # small messages are buffered by MPI at once
-                    return
-                requests, keep = [request], [message]
-            else:
-                requests = [comm.Isend([head, _BYTE], peer, tag)]
-                requests += [comm.Isend([f, _BYTE], peer, tag) for f, n in zip(frames, sizes) if n]
-                keep = [head, *frames]
-            self._wait_sent(requests, keep, deadline)
+        if inline:
+            message = b"".join([head, *frames])
+            request = comm.Isend([message, _BYTE], peer, tag)
+            if request.Test():  # small messages are buffered by MPI at once
+                return
+            requests, keep = [request], [message]
+        else:
+            requests = [comm.Isend([head, _BYTE], peer, tag)]
+            requests += [comm.Isend([f, _BYTE], peer, tag) for f, n in zip(frames, sizes) if n]
+            keep = [head, *frames]
+        self._wait_sent(requests, keep, deadline)
 
     def _wait_sent(self, requests: list, keep: list, deadline: Optional[float]) -> None:
         try:
@@ -227,8 +261,12 @@ class MpiLink(Link):
     def recv(self, deadline: Optional[float]) -> tuple[bool, list]:
         if self._peer_closed or not self._open:
             self._check_open()
-        with HeldWithin(self._recv_lock, deadline, "receive"), IN_MPI:
+        lock = self._recv_lock
+        _take(lock, deadline, "receive")
+        try:
             flags, buffers = self._next_message(deadline)
+        finally:
+            _give(lock)
         if flags & FLAG_INLINE:
             return bool(flags & FLAG_RAW), buffers
         return bool(flags & FLAG_RAW), [memoryview(b) if isinstance(b, np.ndarray) else b for b in buffers]
@@ -236,16 +274,24 @@ class MpiLink(Link):
     def recv_into(self, targets: Sequence, deadline: Optional[float]) -> bool:
         self._check_open()
         wanted = [_nbytes(t) for t in targets]
-        with HeldWithin(self._recv_lock, deadline, "receive"), IN_MPI:
-            message, status = self._match(deadline)
-            if message is None:  # read ahead while we waited
-                return self._recv_into_ahead(targets, wanted)
-            flags, sizes, body = self._receive_head(message, status, deadline)
-            if sizes != wanted:
-                self._receive_frames(flags, sizes, body, [_empty(n) for n in sizes], deadline)  # consume it
-                raise ValueError(f"message of {sizes} bytes per frame, buffers of {wanted}")
-            self._receive_frames(flags, sizes, body, targets, deadline)
-            return bool(flags & FLAG_RAW)
+        lock = self._recv_lock
+        _take(lock, deadline, "receive")
+        try:
+            return self._recv_into(targets, wanted, deadline)
+        finally:
+            _give(lock)
+
+    def _recv_into(self, targets: Sequence, wanted: list, deadline: Optional[float]) -> bool:
+        """``recv_into`` with the receive lock held."""
+        message, status = self._match(deadline)
+        if message is None:  # read ahead while we waited
+            return self._recv_into_ahead(targets, wanted)
+        flags, sizes, body = self._receive_head(message, status, deadline)
+        if sizes != wanted:
+            self._receive_frames(flags, sizes, body, [_empty(n) for n in sizes], deadline)  # consume it
+            raise ValueError(f"message of {sizes} bytes per frame, buffers of {wanted}")
+        self._receive_frames(flags, sizes, body, targets, deadline)
+        return bool(flags & FLAG_RAW)
 
     def _pop_ahead(self) -> tuple:
         """The oldest message the service thread read ahead: (flags, buffers)."""
