@@ -8,9 +8,10 @@ and raw mpi4py (``comm.send``/``comm.recv`` for the small object,
 ``Send``/``Recv`` for tensors) between themselves.  Each is compared with raw
 mpi4py doing the same work: ``recv_tensor`` fills the receiver's preallocated
 tensor, so it is compared with ``Recv`` into a preallocated buffer; ``recv``
-returns a new tensor, so it is compared with ``Recv`` into a buffer allocated
-for each message as the transport allocates it (``numpy.empty``: fresh pages
-the kernel maps and zeroes).  Rounds of ours and raw alternate, so a burst of
+returns a new tensor, so it is also shown against ``Recv`` into a buffer
+allocated for each message as the transport allocates it (``numpy.empty``:
+fresh pages the kernel maps and zeroes); its target stays against the
+preallocated one.  Rounds of ours and raw alternate, so a burst of
 load on the shared machine hits both; the best round of each counts.  The
 floor printed is one warm in-memory copy of the size in one process.
 Targets: small round trip at most 3x raw; 256 MiB one-way at least 0.85x raw.
@@ -169,9 +170,9 @@ def inside(args) -> None:
     group.stop()
     targets = [Target("small round trip vs raw mpi4py", rtt_ours / rtt_raw, "<=", 3.0)]
     if 256 in bw:
-        targets += [Target("256 MiB send_tensor vs raw mpi4py", bw[256]["send_tensor"] / bw[256]["raw"], ">=", 0.85),
-                    Target("256 MiB send vs raw mpi4py into a new buffer", bw[256]["send"] / bw[256]["raw_fresh"],
-                           ">=", 0.85)]
+        # against Recv into a preallocated buffer for both: the stricter bar (raw into a new buffer is printed)
+        targets += [Target(f"256 MiB {how} vs raw mpi4py", bw[256][how] / bw[256]["raw"], ">=", 0.85)
+                    for how in ("send_tensor", "send")]
     status = exit_status(report_targets(targets), args.check)
     if status:
         sys.exit(status)  # the job's exit status is the program's
