@@ -80,7 +80,23 @@ def _run_program(argv: list[str]) -> int:
     return code
 
 
+def _line_buffered() -> None:
+    """Flush this rank's stdout and stderr at every line.
+
+    Under ``mpiexec`` every rank writes to pipes, which Python buffers in
+    blocks: a worker's print() lines (and the driver's) would otherwise reach
+    the terminal when a buffer fills or the rank ends, out of order with the
+    other ranks' lines.  ``mpiexec`` copies each rank's lines as it reads them.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError):  # replaced by the program, or closed: left as it is
+            pass
+
+
 def main(argv: list[str]) -> int:
+    _line_buffered()
     if argv[:1] == ["--serve"]:  # a worker rank spawned by a driver (RLINF_LAUNCHER=mpi)
         from . import runtime, slot
 
