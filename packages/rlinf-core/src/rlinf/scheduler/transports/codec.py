@@ -32,7 +32,7 @@ from __future__ import annotations
 import io
 import pickle
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import cloudpickle
 
@@ -221,47 +221,65 @@ class _Pickler(cloudpickle.Pickler):
 
 
 _SCALARS = frozenset((str, int, float, bool, type(None), complex))
+#: scalars with no size to check
+_FLAT = frozenset((int, float, bool, type(None), complex))
 #: plain data bigger than this goes through the full pickler (large bytes travel out of band there)
 _PLAIN_LIMIT = 64
+#: str/bytes longer than this are not plain
+_PLAIN_TEXT = 4096
 
 
 def _is_plain(obj, depth: int = 0) -> bool:
-    """Small builtin data (scalars, short str/bytes, small lists/tuples/dicts of them)."""
+    """Small builtin data (scalars, short str/bytes, small lists/tuples/dicts of them, at most 3 deep).
+
+    The walk is bounded: at most ``_PLAIN_LIMIT`` items per container, and it stops at the first
+    item that is not plain."""
     kind = type(obj)
-    if kind in _SCALARS:
-        return kind is not str or len(obj) <= 4096
-    if kind is bytes:
-        return len(obj) <= 4096
+    if kind in _FLAT:
+        return True
+    if kind is str or kind is bytes:
+        return len(obj) <= _PLAIN_TEXT
     if depth >= 3:
         return False
-    scalars = _SCALARS
     if kind is dict:
         if len(obj) > _PLAIN_LIMIT:
             return False
-        for key, value in obj.items():
+        scalars = _SCALARS
+        for key in obj:
             if type(key) not in scalars:
                 return False
-            if (type(value) not in scalars or type(value) is str) and not _is_plain(value, depth + 1):
-                return False
-        return True
-    if kind is list or kind is tuple:
+        values = obj.values()
+    elif kind is list or kind is tuple:
         if len(obj) > _PLAIN_LIMIT:
             return False
-        for value in obj:
-            if (type(value) not in scalars or type(value) is str) and not _is_plain(value, depth + 1):
+        values = obj
+    else:
+        return False
+    flat = _FLAT
+    for value in values:
+        kind = type(value)
+        if kind in flat:
+            continue
+        if kind is str or kind is bytes:
+            if len(value) > _PLAIN_TEXT:
                 return False
-        return True
-    return False
+        elif not _is_plain(value, depth + 1):
+            return False
+    return True
 
 
-def encode(obj: Any, device_hook: Optional[Callable] = None, what: str = "the object", root: str = "") -> tuple[bytes, list]:
+def encode(obj: Any, device_hook: Optional[Callable] = None, what: Union[str, Callable[[], str]] = "the object",
+           root: str = "") -> tuple[bytes, list]:
     """Pickle ``obj``; return the pickle stream and the out-of-band buffers.
+
+    ``what`` names the object in errors: a str, or a callable returning one (called only when
+    encoding fails, so a caller need not build the text for every message).
 
     Raises ``UnpicklableError`` (a ``TypeError``) naming ``what`` and the path (from ``root``) to the
     part of ``obj`` that cannot be pickled."""
     try:
         if _is_plain(obj):  # the common small message: the C pickler alone is several times faster
-            return pickle.dumps(obj, protocol=5), []
+            return pickle.dumps(obj, 5), []
         ship_run_time_modules_by_value()  # a test module's classes cannot be imported by the receiver
         buffers: list = []
         stream = io.BytesIO()
@@ -269,7 +287,7 @@ def encode(obj: Any, device_hook: Optional[Callable] = None, what: str = "the ob
     except (TypeError, AttributeError, pickle.PicklingError) as exc:  # what pickle raises for an unpicklable part
         if isinstance(exc, UnpicklableError):
             raise
-        raise unpicklable_error(what, obj, exc, root) from exc
+        raise unpicklable_error(what if isinstance(what, str) else what(), obj, exc, root) from exc
     return stream.getvalue(), [b.raw() for b in buffers]
 
 

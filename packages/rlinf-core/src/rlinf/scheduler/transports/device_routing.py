@@ -23,6 +23,7 @@ deadline)`` on whatever it received.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from typing import Any, Callable, Optional
 
@@ -38,8 +39,6 @@ class DeviceSlot:
 
 
 def _is_tensor(x) -> bool:
-    import sys
-
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
@@ -126,10 +125,17 @@ def recv_object(recv_meta: Callable[[], Any], link, deadline: Optional[float], d
 def may_hold_device_tensors(obj: Any) -> bool:
     """False when this process cannot hold a CUDA tensor at all (torch not imported, CUDA never
     initialised): the send fast path then skips the walk of ``needs_device_path``."""
-    import sys
-
+    global _cuda_seen
+    if _cuda_seen:
+        return True
     torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_initialized()
+    if torch is None or not torch.cuda.is_initialized():
+        return False  # asked again next time: the program may initialise CUDA later
+    _cuda_seen = True  # CUDA, once initialised, stays so for the life of the process
+    return True
+
+
+_cuda_seen = False  # torch.cuda was found initialised in this process
 
 
 def needs_device_path(obj: Any, is_device: Callable = on_device) -> bool:

@@ -52,7 +52,7 @@ class MessagesMixin:
         if device_routing.may_hold_device_tensors(obj) and device_routing.needs_device_path(obj):
             return self._send_with_device_tensors(obj, peer, transport, timeout, async_op, options)
         try:
-            header, buffers = codec.encode(obj, what=f"the object sent to {peer.get_name()}", root="object")
+            header, buffers = codec.encode(obj, what=lambda: f"the object sent to {peer.get_name()}", root="object")
             failure = None
         except Exception as exc:
             header, buffers = codec.encode(_SendFailure(f"{type(exc).__name__}: {exc}"))
