@@ -13,34 +13,52 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import itertools
+import sys
 import threading
 import time
 from typing import Callable, Optional
 
 
+#: ``next()`` on an ``itertools.count`` is one C call, atomic while the GIL serialises threads
+_ATOMIC_COUNT = getattr(sys, "_is_gil_enabled", lambda: True)()
+
+
 class Turnstile:
+    """Runs the operations of one direction of one pair one at a time, in the order they took tickets.
+
+    ``take`` hands out a ticket (call order decides the order), ``wait_turn``
+    blocks until the ticket's turn, ``done`` finishes or abandons it.  When
+    nothing is running or queued, an operation costs one lock (in ``done``):
+    a ticket is drawn without a lock (one atomic ``next()``) and its turn is
+    seen without one.
+    """
+
     def __init__(self):
         self._lock = threading.Lock()  # taken directly on the fast path; the condition only for waiting
         self._cond = threading.Condition(self._lock)
-        self._next = 0
+        self._tickets = itertools.count()
         self._serving = 0
         self._abandoned: set[int] = set()
         self._waiting = 0
 
-    def take(self) -> int:
-        with self._lock:
-            ticket = self._next
-            self._next += 1
-            return ticket
+    if _ATOMIC_COUNT:
+        def take(self) -> int:
+            """The next ticket: tickets are handed out in call order, across threads."""
+            return next(self._tickets)
+    else:  # without the GIL, a lock makes the count's step atomic
+        def take(self) -> int:
+            """The next ticket: tickets are handed out in call order, across threads."""
+            with self._lock:
+                return next(self._tickets)
 
     def try_take(self) -> Optional[int]:
         """A ticket whose turn is now, or None when an operation is running or queued (never waits)."""
-        with self._lock:
-            if self._serving != self._next:
-                return None
-            ticket = self._next
-            self._next += 1
+        ticket = self.take()
+        if self._serving == ticket:  # every earlier ticket is done: only our done() moves it on now
             return ticket
+        self.done(ticket)  # abandoned (or, if the earlier ones finished meanwhile, passed on at once)
+        return None
 
     def wait_turn(self, ticket: int, deadline: Optional[float]) -> None:
         if self._serving == ticket:  # our turn already: no lock needed to know it
@@ -62,10 +80,12 @@ class Turnstile:
             if self._serving != ticket:
                 self._abandoned.add(ticket)
                 return
-            self._serving += 1
-            while self._serving in self._abandoned:
-                self._abandoned.discard(self._serving)
-                self._serving += 1
+            serving = ticket + 1
+            abandoned = self._abandoned
+            while abandoned and serving in abandoned:
+                abandoned.discard(serving)
+                serving += 1
+            self._serving = serving
             if self._waiting:
                 self._cond.notify_all()
 

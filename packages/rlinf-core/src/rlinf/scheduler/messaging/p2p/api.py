@@ -29,20 +29,25 @@ def _peer(group_name, rank):
 
 
 def _setup(group_name, rank, options, timeout):
-    if options is not None and not isinstance(options, CollectiveGroupOptions):
+    if options is None:  # the common call: the peer from the cache, the default (or checked) timeout
+        try:
+            peer = _peers[(group_name, rank)]
+        except (KeyError, TypeError):  # not seen yet, or a rank given as a list
+            peer = _peer(group_name, rank)
+        return (
+            local_communicator(create=True),
+            peer,
+            None,
+            config.default_timeout() if timeout is None else config.check_timeout(timeout),
+        )
+    if not isinstance(options, CollectiveGroupOptions):
         raise TypeError(f"options must be a CollectiveGroupOptions, got {type(options).__name__}")
     peer = _peer(group_name, rank)
-    if options is not None:
-        if timeout is None:
-            timeout = options.timeout
-        if options.transport_options():
-            _note_ignored(options)
-    return (
-        local_communicator(create=True),
-        peer,
-        options.transport if options is not None else None,
-        config.resolve_timeout(timeout),
-    )
+    if timeout is None:
+        timeout = options.timeout
+    if options.transport_options():
+        _note_ignored(options)
+    return local_communicator(create=True), peer, options.transport, config.resolve_timeout(timeout)
 
 
 def _note_ignored(options: CollectiveGroupOptions) -> None:
