@@ -266,7 +266,8 @@ class RaySession(LauncherSession):
         actors = []
         line = progress.Progress()
         try:
-            self._wait_for_resources(pg, specs, bundles, timeout, line)
+            # the actors and their construct calls are submitted at once: Ray starts each as soon as its
+            # bundle is reserved, so no round trip waits for the reservation before the first worker starts
             is_async = bool(specs[0].async_methods)
             remote_cls = actor_class(specs[0].class_name, specs[0].methods, is_async)
             for i, spec in enumerate(specs):
@@ -281,6 +282,7 @@ class RaySession(LauncherSession):
                 )
             port_ref = actors[0]._rlinf_reserve_master_port.remote()
             refs = [a._rlinf_construct.remote(spec, payload, port_ref) for a, spec in zip(actors, specs)]
+            self._wait_for_resources(pg, specs, bundles, timeout, line)
             records = self._collect_launch(refs, specs, timeout, line)
         except BaseException:
             line.close()
