@@ -318,7 +318,7 @@ class Channel:
         """
         from ..transports import codec
 
-        header, buffers = codec.encode(item, what=f"the item put on channel {self._name!r} (key {key!r})", root="item")
+        header, buffers = codec.encode(item, what=lambda: f"the item put on channel {self._name!r} (key {key!r})", root="item")
         timeout = None if async_op and timeout is None else config.resolve_timeout(timeout)
         ctrl = {"op": "put", "key": _check_key(key), "weight": float(weight), "timeout": timeout}
         result = self._call(ctrl, [header, *buffers], async_op, timeout, send_timeout=timeout)
@@ -341,7 +341,7 @@ class Channel:
         """
         from ..transports import codec
 
-        header, buffers = codec.encode(item, what=f"the item put on channel {self._name!r} (key {key!r})", root="item")
+        header, buffers = codec.encode(item, what=lambda: f"the item put on channel {self._name!r} (key {key!r})", root="item")
         self._call({"op": "put", "key": _check_key(key), "weight": float(weight), "nowait": True}, [header, *buffers],
                    timeout=NOWAIT_SEND, send_timeout=NOWAIT_SEND)
 
