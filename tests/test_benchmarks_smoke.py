@@ -25,7 +25,7 @@ TABLE_TITLES = {
     "gloo": "torch-gloo against the cpu transport",
     "scale": "Scale benchmark",
 }
-TARGETS = {"group": 2, "p2p": 1, "channel": 4, "mpi": 1, "trace": 2, "weights": 8, "weights-hosts": 2, "gloo": 0,
+TARGETS = {"group": 3, "p2p": 1, "channel": 4, "mpi": 1, "trace": 2, "weights": 8, "weights-hosts": 2, "gloo": 0,
            "scale": 2}  # targets a smoke run (no 256 MiB size) reports
 
 
