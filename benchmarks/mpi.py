@@ -170,9 +170,12 @@ def inside(args) -> None:
     group.stop()
     targets = [Target("small round trip vs raw mpi4py", rtt_ours / rtt_raw, "<=", 3.0)]
     if 256 in bw:
-        # against Recv into a preallocated buffer for both: the stricter bar (raw into a new buffer is printed)
-        targets += [Target(f"256 MiB {how} vs raw mpi4py", bw[256][how] / bw[256]["raw"], ">=", 0.85)
-                    for how in ("send_tensor", "send")]
+        # each against raw mpi4py doing the same work: send_tensor fills the receiver's preallocated tensor
+        # (raw Recv into a preallocated buffer); send hands the receiver a new tensor (raw Recv into a new buffer)
+        targets += [Target("256 MiB send_tensor vs raw mpi4py Recv into a preallocated buffer",
+                           bw[256]["send_tensor"] / bw[256]["raw"], ">=", 0.85),
+                    Target("256 MiB send vs raw mpi4py Recv into a new buffer",
+                           bw[256]["send"] / bw[256]["raw_fresh"], ">=", 0.85)]
     status = exit_status(report_targets(targets), args.check)
     if status:
         sys.exit(status)  # the job's exit status is the program's
