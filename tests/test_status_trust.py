@@ -188,3 +188,21 @@ def test_a_status_directory_another_user_made_first_is_refused_with_the_fix(clus
     finally:
         published.remove()
         shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+@as_root
+def test_private_dir_refuses_a_parent_another_user_may_rename_it_in(shared):
+    """The status directory's place too: a parent that another user owns, or that anyone may write to
+    without the sticky bit, lets them rename a private directory away and put their own there."""
+    theirs = os.path.join(shared, "theirs")
+    _as_nobody("mkdir", "-m", "755", theirs)
+    with pytest.raises(security.PrivateDirError, match=f"{theirs} .*uid {NOBODY}.*lets other users replace"):
+        security.private_dir(os.path.join(theirs, "mine"))
+    assert not os.path.exists(os.path.join(theirs, "mine"))  # refused before anything is made
+    open_parent = os.path.join(shared, "open")
+    os.mkdir(open_parent)
+    os.chmod(open_parent, 0o777)
+    with pytest.raises(security.PrivateDirError, match="sticky bit"):
+        security.private_dir(os.path.join(open_parent, "mine"))
+    os.chmod(open_parent, 0o1777)  # like /tmp: only a file's owner may rename it
+    assert security.private_dir(os.path.join(open_parent, "mine"))

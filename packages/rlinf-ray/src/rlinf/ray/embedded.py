@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import stat
 import tempfile
 from typing import Iterable, Optional
 
@@ -40,31 +39,13 @@ def ray_temp_dir(base: Optional[str] = None) -> str:
     system's temp dir.  A chosen directory is treated like the system's, not handed to Ray as it
     is: Ray would make it 0777 on every start, so it could never stay private, and users often
     point it at a scratch directory shared with others.  Raises ``PermissionError`` (saying what
-    to do) when the private directory is not private (``security.private_dir``), or when another user
-    could replace it."""
+    to do) when the private directory is not private (``security.private_dir``, which also refuses a
+    parent where another user could replace it)."""
     base = os.path.abspath(base or tempfile.gettempdir())
     os.makedirs(base, exist_ok=True)
     private = os.path.join(base, f"rlinf-ray-{os.geteuid()}")
-    _check_parent(private)
     security.private_dir(private, hint="or choose another base directory with temp_dir= or RLINF_RAY_TEMP_DIR")
     return os.path.join(private, RAY_SUBDIR)
-
-
-def _check_parent(path: str) -> None:
-    """No other user may rename ``path`` away and put their own in its place: its parent must be
-    this user's or root's, and writable by nobody else unless it has the sticky bit (like /tmp).
-    (``security.private_dir`` checks the directory itself, not who may take it away.)"""
-    parent = os.path.dirname(path)
-    st = os.stat(parent)
-    shared = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
-    if st.st_uid in (0, os.geteuid()) and not shared:
-        return
-    raise security.PrivateDirError(
-        f"{parent} (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}) lets other users replace "
-        f"{os.path.basename(path)}, where the embedded Ray cluster keeps its sockets: choose a base "
-        f"directory with temp_dir= or RLINF_RAY_TEMP_DIR that only you (or root) can write, or one with "
-        f"the sticky bit (chmod +t)"
-    )
 
 
 # -- listening ports ----------------------------------------------------------------------------------

@@ -460,6 +460,18 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _check_parent(parent: str, name: str, hint: str) -> None:
+    """``PrivateDirError`` unless only this user (or root) can replace ``name`` in ``parent``."""
+    st = os.stat(parent)
+    shared = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+    if st.st_uid in (0, os.geteuid()) and not shared:
+        return
+    raise PrivateDirError(
+        f"{parent} ({_user(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}) lets other users replace {name} "
+        f"in it; choose a place that only you (or root) can write, or one with the sticky bit (chmod +t)"
+        + (f", {hint}" if hint else ""))
+
+
 def private_dir(path: str, create: bool = True, hint: str = "") -> str:
     """``path``, a directory only this user can use: made with mode 0700 when missing (``create``), else checked.
 
@@ -470,13 +482,17 @@ def private_dir(path: str, create: bool = True, hint: str = "") -> str:
     ``PrivateDirError``: it names the path, what is wrong and the fix, and
     ``hint`` adds the caller's own way out (an environment variable that picks
     another place, say).  Nothing in a refused directory is touched.  Missing
-    parents are made as ``mkdir -p`` does, the last one 0700.  ``FileNotFoundError`` when the
-    directory is missing and ``create`` is False.  Returns ``path``.
+    parents are made as ``mkdir -p`` does, the last one 0700.  The parent is checked too: another
+    user who may write to it, without the sticky bit (as /tmp has), could rename ``path`` away and
+    put their own in its place, so it must be this user's or root's and writable by nobody else
+    unless sticky.  ``FileNotFoundError`` when the directory is missing and ``create`` is False.
+    Returns ``path``.
     """
+    parent = os.path.dirname(os.path.abspath(path))
     if create:
-        # a parent made here is the user's alone too (0700); one found there is checked by the caller's
-        # choice of place (see the docs: only the directory itself is checked)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+        os.makedirs(parent, mode=0o700, exist_ok=True)  # a parent made here is the user's alone too
+    _check_parent(parent, os.path.basename(path), hint)
+    if create:
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
