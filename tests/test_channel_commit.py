@@ -27,24 +27,11 @@ import time
 import pytest
 
 from rlinf.scheduler import Channel, CommTimeoutError
-from rlinf.scheduler.channel.channel import _hosts
 
 from launcher_marks import survives_worker_death
+from test_channel_trust import _stats, _wait_for
 
 THREADS, PUTS = 8, 60
-
-
-def _stats(name):
-    return _hosts[name].stats(True).wait()[0]
-
-
-def _wait_for(predicate, limit, what):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not within {limit} s")
 
 
 def test_puts_of_many_threads_are_committed_in_batches(cluster):
