@@ -39,13 +39,13 @@ class Talker(Worker):
 
 cluster = Cluster(num_nodes=1, num_cpus=2)
 group = Talker.create_group().launch(cluster, NodePlacementStrategy([0, 0, 0]), name="talkers")
-group.quiet().wait()
+group.quiet().wait(timeout=60)
 for call in ("call-a", "call-b"):
-    assert group.hello(call).wait() == [0, 1, 2]
+    assert group.hello(call).wait(timeout=60) == [0, 1, 2]
     print(f"driver after {call}")
 
 async def main():
-    assert await group.hello("call-c") == [0, 1, 2]
+    assert await asyncio.wait_for(group.hello("call-c").async_wait(), 60) == [0, 1, 2]
     print("driver after call-c")
 
 asyncio.run(main())
