@@ -10,6 +10,13 @@ fails) and 5,000 of 1 MiB (a leak of 10 KiB per message, 1% of the payload,
 fails; descriptors, threads and mappings are counted exactly either way).  ``RLINF_SOAK_ITEMS`` sets both counts: ``hatch run soak`` runs
 100,000 of each, the full soak, which moves 100 GB per 1 MiB test and takes
 minutes.
+
+The channel soak moves its items over ``STREAMS`` producer threads and as many
+consumer threads (one connection per process, shared by its threads, as
+programs use a channel): the same items, each put and got once, in under half
+the time of a single stream (each put or get waits on its round trip to the
+host), and the host sees concurrent clients, where lost or duplicated items
+would come from.
 """
 
 import os
@@ -25,6 +32,8 @@ _ITEMS = os.environ.get("RLINF_SOAK_ITEMS")
 #: messages per soak test: small ones, 1 MiB ones
 ITEMS = {False: int(_ITEMS or 50_000), True: int(_ITEMS or 5_000)}
 WARMUP = 2000
+#: producer threads (and as many consumer threads) of the channel soak
+STREAMS = 8
 MiB = 1 << 20
 pytestmark = pytest.mark.timeout(900)
 
@@ -88,20 +97,37 @@ def _stream(w, n, big):
     return n
 
 
-def _produce(w, ch, n, big):
+def _in_streams(fn, n, streams):
+    """``fn(k)`` in ``streams`` threads at once, the ``k`` summing to ``n``; joined before returning (no thread
+    is left to count as a leak); re-raises the first error; returns the sum of what they returned."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    counts = [n // streams + (1 if i < n % streams else 0) for i in range(streams)]
+    with ThreadPoolExecutor(max_workers=streams) as pool:
+        return sum(f.result() for f in [pool.submit(fn, k) for k in counts])
+
+
+def _produce(w, ch, n, big, streams=1):
     import torch
 
     item = torch.ones(MiB // 4) if big else {"step": 1, "reward": 0.5, "done": False}
-    for _ in range(n):
-        ch.put(item, timeout=120)
-    return n
+
+    def put(k):
+        for _ in range(k):
+            ch.put(item, timeout=120)
+        return k
+
+    return _in_streams(put, n, streams)
 
 
-def _consume(w, ch, n):
-    for _ in range(n):
-        got = ch.get(timeout=120)
-        del got
-    return n
+def _consume(w, ch, n, streams=1):
+    def get(k):
+        for _ in range(k):
+            got = ch.get(timeout=120)
+            del got
+        return k
+
+    return _in_streams(get, n, streams)
 
 
 @pytest.mark.parametrize("big", [False, True], ids=["small", "1MiB"])
@@ -125,8 +151,8 @@ def test_soak_channel(cluster, launch, big):
     pids = g.pid().wait() + [host]
 
     def round_trip(n):
-        p = g.execute_on(0).run(ship(_produce), ch, n, big)
-        c = g.execute_on(1).run(ship(_consume), ch, n)
+        p = g.execute_on(0).run(ship(_produce), ch, n, big, STREAMS)
+        c = g.execute_on(1).run(ship(_consume), ch, n, STREAMS)
         assert p.wait(timeout=800) == [n] and c.wait(timeout=800) == [n]
 
     round_trip(WARMUP)
