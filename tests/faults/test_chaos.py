@@ -35,8 +35,8 @@ def test_chaos_run_keeps_its_invariants():
     seed = int(os.environ.get("RLINF_CHAOS_SEED", "1"))
     with tempfile.TemporaryDirectory(prefix="rlc") as tmp:
         proc = subprocess.Popen(
-            [sys.executable, PROGRAM, "--seconds", str(SECONDS), "--min-steps", str(MIN_STEPS), "--min-kills", str(MIN_KILLS),
-             "--seed", str(seed), "--temp-dir", tmp],
+            [sys.executable, PROGRAM, "--seconds", str(SECONDS), "--min-steps", str(MIN_STEPS),
+             "--min-kills", str(MIN_KILLS), "--seed", str(seed), "--temp-dir", tmp],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
         try:
