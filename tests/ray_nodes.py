@@ -133,21 +133,43 @@ class RayNodes:
         return "\n".join(text)
 
     def stop(self) -> None:
+        """Stop every node: SIGTERM to each node's process group, then SIGKILL.
+
+        ``ray start --block`` itself, and Ray's autoscaler monitor, never exit on
+        SIGTERM, so waiting for the whole group would only wait out a deadline:
+        the daemons that do exit (GCS, raylet, workers) get 2 s, then whatever
+        is left is killed."""
+        import psutil
+
         for proc in self._procs:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + 10
+
+        def daemons_left() -> bool:
+            for proc in self._procs:
+                try:
+                    children = psutil.Process(proc.pid).children(recursive=True)
+                except psutil.NoSuchProcess:
+                    continue
+                for child in children:
+                    try:
+                        if child.status() != psutil.STATUS_ZOMBIE and "monitor.py" not in " ".join(child.cmdline()):
+                            return True
+                    except psutil.NoSuchProcess:
+                        pass
+            return False
+
+        deadline = time.monotonic() + 2
+        while daemons_left() and time.monotonic() < deadline:  # bounded by the deadline
+            time.sleep(0.1)
         for proc in self._procs:
             try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(10)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
         kill_session(self.temp_dir)  # Ray daemons and workers that left the process groups
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
