@@ -56,6 +56,17 @@ def leftovers(marker: str) -> list:
     return found
 
 
+def gone_within(marker: str, seconds: float = 1.0) -> list:
+    """``leftovers(marker)``, polled until there are none or ``seconds`` have passed: a rank that has not
+    exited ``seconds`` after its job ended is still found, and one already gone costs no fixed sleep."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = leftovers(marker)
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)
+
+
 def program(tmp_path, body: str) -> str:
     path = tmp_path / "program.py"
     path.write_text(textwrap.dedent(body))
@@ -110,8 +121,7 @@ def test_spawn_mode_from_plain_python(tmp_path):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "replies: ['Hello from RecvWorker Rank 0!', 'Hello from RecvWorker Rank 1!']" in proc.stdout
-    time.sleep(1.0)
-    assert not leftovers("--serve"), "spawned worker ranks outlived their driver"
+    assert not gone_within("--serve"), "spawned worker ranks outlived their driver"
     print(f"spawn mode: {time.monotonic() - start:.1f} s")
 
 
@@ -228,8 +238,7 @@ def test_a_worker_that_dies_ends_the_job(tmp_path):
     code, out, took = mpirun(3, [path], timeout=100)
     assert "KILLING" in out and "NOT REACHED" not in out
     assert code != 0 and took < 60, out
-    time.sleep(1.0)
-    assert not leftovers(path)
+    assert not gone_within(path)
 
 
 @pytest.mark.timeout(120)
@@ -241,8 +250,7 @@ def test_a_worker_that_dies_in_spawn_mode_ends_the_driver_too(tmp_path):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert "KILLING" in proc.stdout and "NOT REACHED" not in proc.stdout
     assert proc.returncode != 0 and time.monotonic() - start < 60, proc.stdout
-    time.sleep(1.0)
-    assert not leftovers("--serve")
+    assert not gone_within("--serve")
 
 
 @pytest.mark.timeout(120)
@@ -262,8 +270,7 @@ def test_program_error_and_a_hung_worker_end_every_rank(tmp_path):
     code, out, took = mpirun(3, [path], timeout=100)
     assert code != 0 and "program failed on purpose" in out
     assert took < 60, out
-    time.sleep(1.0)
-    assert not leftovers(path)
+    assert not gone_within(path)
 
 
 #: a worker blocked in an MPI receive whose sender dies; also a peer waiting on an MPI send to it
@@ -300,9 +307,8 @@ def test_a_peer_dying_during_an_mpi_receive_ends_the_job_promptly(tmp_path):
     assert code != 0, out[-4000:]
     assert took < 60, f"the job took {took:.0f} s to end after a rank died (the receive's timeout is 120 s)"
     pids = [int(p) for p in next(line for line in out.splitlines() if line.startswith("PIDS")).split()[1:]]
-    time.sleep(1.0)
+    assert not gone_within(path), "a rank outlived the job"
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert not leftovers(path), "a rank outlived the job"
 
 
 @pytest.mark.timeout(300)
@@ -323,8 +329,7 @@ def test_spawn_mode_default_slots_is_max_of_4_and_the_cpu_count(tmp_path):
     line = next(line for line in proc.stdout.splitlines() if line.startswith("WORLD"))
     world_size, cpus = int(line.split()[1]), int(line.split()[3])
     assert world_size == 1 + max(4, cpus), line  # the driver plus the spawned worker ranks
-    time.sleep(1.0)
-    assert not leftovers("--serve")
+    assert not gone_within("--serve")
 
 
 #: rank 1 receives 5 messages that each arrive 0.3 s after it starts waiting; prints its CPU seconds
