@@ -102,25 +102,33 @@ def test_rlinf_launch_timeout_bounds_a_launch(cluster, monkeypatch):
     assert "env_slow_start" not in cluster.session.list_groups()
 
 
-def _fail_now_or_sleep(w, seconds):
+def _fail_now_or_wait(w, seconds, release):
+    """Rank 0 fails at once; rank 1 returns after ``seconds``, or as soon as the file ``release`` exists."""
     if w._rank == 0:
         raise RuntimeError("rank 0 fails at once")
-    time.sleep(seconds)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not os.path.exists(release):  # bounded by ``seconds``
+        time.sleep(0.05)
     return "slow rank done"
 
 
-def test_rlinf_error_grace_sets_how_long_other_ranks_are_awaited(launch, monkeypatch):
-    """Rank 0 fails at once, rank 1 finishes after 6 s: a long grace waits for it, a short one does not."""
+def test_rlinf_error_grace_sets_how_long_other_ranks_are_awaited(launch, monkeypatch, tmp_path):
+    """Rank 0 fails at once, rank 1 finishes after 6 s: a long grace waits for it, a short one does not.
+
+    After the short grace's call the test releases rank 1 (a file it polls for), so the group is free
+    at once instead of after the rest of the 6 s."""
     g = launch(Peer, placement=NodePlacementStrategy([0, 0]))
     times = {}
     for grace in ("30", "0.2"):
         monkeypatch.setenv("RLINF_ERROR_GRACE", grace)
+        release = str(tmp_path / f"release-{grace}")
         start = time.monotonic()
         with pytest.raises(WorkerMethodError, match="rank 0 fails at once") as info:
-            g.run(__import__("p2p_helpers").ship(_fail_now_or_sleep), 6.0).wait(timeout=120)
+            g.run(__import__("p2p_helpers").ship(_fail_now_or_wait), 6.0, release).wait(timeout=120)
         times[grace] = time.monotonic() - start
         assert info.value.rank == 0
-        g.run(__import__("p2p_helpers").ship(lambda w: None)).wait(timeout=60)  # let rank 1 finish its sleep
+        open(release, "w").close()
+        g.run(__import__("p2p_helpers").ship(lambda w: None)).wait(timeout=60)  # rank 1 is free again
     assert times["30"] >= 5.5, times  # it waited for the slow rank's outcome
     assert times["0.2"] < times["30"] - 3, times  # it did not
 
