@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import uuid
 
@@ -81,7 +82,8 @@ def test_distributed_log_dir_writes_one_prefixed_file_per_worker(cluster, tmp_pa
 
 
 DRIVER = """
-import time
+import select
+import sys
 from rlinf.scheduler import Cluster, NodePlacementStrategy, Worker
 
 class Chatty(Worker):
@@ -100,7 +102,8 @@ cluster = Cluster(num_nodes=1, temp_dir={temp!r}, num_cpus=2)
 g = Chatty.create_group().launch(cluster, NodePlacementStrategy([0]), name="logt")
 g.talk().wait()
 g.fail()
-time.sleep(4)  # Ray forwards worker output to the driver asynchronously
+# Ray forwards worker output to the driver asynchronously: the test says when it has seen it (30 s at most)
+select.select([sys.stdin], [], [], 30)
 g.stop()
 cluster.shutdown()
 print("DRIVER-DONE", flush=True)
@@ -115,14 +118,35 @@ def test_info_and_failures_reach_the_driver_terminal(tmp_path):
     script.write_text(textwrap.dedent(DRIVER.format(temp=temp)))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RLINF_LOG_LEVEL", "RLINF_LAUNCHER")}
     env["RLINF_LAUNCHER"] = "ray"
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    failure_seen = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "nobody-waits-for-this" in line:  # the last line the workers write
+                failure_seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        out, _ = proc.communicate(timeout=200)
+        deadline = time.monotonic() + 200
+        while not failure_seen.wait(0.2) and proc.poll() is None and time.monotonic() < deadline:
+            pass  # bounded; the assertions below say what was missing
+        try:
+            proc.stdin.write("go\n")  # the driver may stop its group and end
+            proc.stdin.close()
+        except OSError:  # it ended already
+            pass
+        proc.wait(timeout=120)
+        reader.join(30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+    out = "".join(lines)
     assert "DRIVER-DONE" in out, out[-4000:]
     info = [line for line in out.splitlines() if "info-line" in line]
     assert info and "[logt:0 node 0 " in info[0], out[-4000:]
