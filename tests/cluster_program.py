@@ -99,7 +99,7 @@ def nodes():
     assert group.cluster_view().wait() == [("ray", 2, [n.ip for n in cluster.nodes], cluster.cluster_cfg)]
     start = time.monotonic()
     try:
-        Cluster(num_nodes=3, node_wait_timeout=2)
+        Cluster(num_nodes=3, node_wait_timeout=0.5)  # briefly: what counts is that the wait ends, and says why
         raise AssertionError("3 nodes accepted")
     except TimeoutError as exc:
         assert "only 2 node(s) joined" in str(exc), exc

@@ -58,6 +58,10 @@ class EnvWorker(Worker):
             time.sleep(base * (self._rank + 1))
         return self._rank
 
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return self._rank
+
     async def async_method(self, x):
         await asyncio.sleep(0.01)
         return x + self._rank
@@ -112,7 +116,7 @@ def test_default_placement_is_one_worker_on_node_zero(launch):
 def test_results_are_non_blocking_and_awaitable(launch):
     group = launch(EnvWorker, "x", placement=NodePlacementStrategy([0, 0]))
     start = time.monotonic()
-    handle = group.timed(3.0)  # rank 0 sleeps 3 s, rank 1 6 s
+    handle = group.nap(3.0)  # every rank sleeps 3 s
     returned = time.monotonic() - start
     assert not handle.done()
     assert returned < 2.5, returned  # returned before any worker could have finished

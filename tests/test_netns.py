@@ -17,7 +17,7 @@ from launcher_marks import TEST_LAUNCHER
 from netns import NetnsHosts, unavailable_reason
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "netns_program.py")
-PARTITION_TIMEOUT = 4.0  # the send timeout netns_program.py uses while host 1 is cut off
+PARTITION_TIMEOUT = 2.0  # the send timeout netns_program.py uses while host 1 is cut off
 
 pytestmark = [
     pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="starts its own Ray nodes in network namespaces"),
