@@ -267,8 +267,10 @@ def test_program_error_and_a_hung_worker_end_every_rank(tmp_path):
         g.hang()  # never waited for
         raise SystemExit("program failed on purpose")
     """)
-    code, out, took = mpirun(3, [path], timeout=100)
+    # the hung call's rank exits RLINF_MPI_EXIT_GRACE after the program ended (2 s here, 10 by default)
+    code, out, took = mpirun(3, [path], timeout=100, RLINF_MPI_EXIT_GRACE="2")
     assert code != 0 and "program failed on purpose" in out
+    assert "a call is still running 2 s after the program ended; exiting" in out, out
     assert took < 60, out
     assert not gone_within(path)
 

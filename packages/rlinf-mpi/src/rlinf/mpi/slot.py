@@ -27,8 +27,25 @@ from .service import Service, rank_alive, service
 
 log = logging.getLogger("rlinf.mpi")
 
-#: seconds the rank waits for a running call after the driver said exit
-EXIT_GRACE = 10.0
+#: seconds the rank waits for a running call after the driver said exit (``RLINF_MPI_EXIT_GRACE``)
+EXIT_GRACE_ENV = "RLINF_MPI_EXIT_GRACE"
+DEFAULT_EXIT_GRACE = 10.0
+
+
+def exit_grace() -> float:
+    """Seconds a call still running when the driver says exit may go on before the rank exits anyway.
+
+    Raises:
+        ValueError: ``RLINF_MPI_EXIT_GRACE`` is not a positive, finite number.
+    """
+    raw = os.environ.get(EXIT_GRACE_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_EXIT_GRACE
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"environment variable {EXIT_GRACE_ENV}={raw!r} must be a positive, finite number of seconds")
+    return value
 
 
 def same_interpreter(path: str, running: str) -> bool:
@@ -96,10 +113,16 @@ class Slot:
         self._queue.put(None)
         reply(True, None)
 
+        try:
+            grace = exit_grace()
+        except ValueError as exc:
+            log.warning("rank %d: %s; using %g s", self._world.rank, exc, DEFAULT_EXIT_GRACE)
+            grace = DEFAULT_EXIT_GRACE
+
         def force():  # a call that never returns must not keep the job alive
-            if not self._finished.wait(EXIT_GRACE):
+            if not self._finished.wait(grace):
                 log.warning("rank %d: a call is still running %g s after the program ended; exiting",
-                            self._world.rank, EXIT_GRACE)
+                            self._world.rank, grace)
                 os._exit(1)
 
         threading.Thread(target=force, daemon=True).start()
