@@ -208,7 +208,7 @@ def measure(cluster, ray, n: int, args, tag: str) -> dict:
             g.noop().wait()
 
     raw = _raw_launch(ray, placements, node_ids)
-    actors = [a for group_actors in raw for a in group_actors]
+    actors = [a for group_actors, _ in raw for a in group_actors]
     raw_call, our_call = [], []
     for _ in range(args.rounds):  # interleaved: both see the same machine noise
         start = time.perf_counter()
