@@ -7,8 +7,8 @@ loopback, its own temp dir) hosts N workers in ``--groups`` groups, each group
 spread over every node.  For each N it measures, in the same run:
 
 * launch: every group launched and answering once, against raw Ray actors
-  placed the same way (each pinned to its node with the CPU share a worker
-  reserves, all asked for at once) and answering once; each
+  placed the same way (one placement group per group, one bundle per worker,
+  each pinned to its node, all asked for at once) and answering once; each
   launch starts once the previous one's processes have exited, after one
   untimed launch of each kind;
 * group call: a no-op on every group at once, against ``ray.get`` of a no-op on
@@ -110,24 +110,33 @@ def _start_nodes(nodes: int):
 
 
 def _raw_launch(ray, placements: list[list], node_ids: list[str]):
-    """Raw actors placed exactly as rlinf places CPU workers: each pinned to its node, with a worker's CPU share."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    """Raw actors placed exactly as rlinf places workers: a placement group per group, bundles pinned by node id."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from rlinf.ray.reservation import WORKER_CPU
+    from rlinf.ray.launcher import NODE_LABEL, WORKER_CPU
 
     raw_cls = ray.remote(RawActor)
-    # every group's actors asked for at once, then one wait for all (as rlinf launches groups before
-    # the first call waits): waiting group by group would serialize Ray's worker start-ups and flatter rlinf
-    groups = [[raw_cls.options(num_cpus=WORKER_CPU, scheduling_strategy=NodeAffinitySchedulingStrategy(
-        node_ids[n], soft=False)).remote() for n in nodes] for nodes in placements]
-    ray.get([a.noop.remote() for actors in groups for a in actors], timeout=300)
+    # every group's placement group and actors asked for at once, then one wait for all (as rlinf
+    # launches groups before the first call waits): waiting group by group would serialize Ray's
+    # worker start-ups and flatter rlinf
+    pgs = [placement_group([{"CPU": WORKER_CPU}] * len(nodes), strategy="PACK",
+                           bundle_label_selector=[{NODE_LABEL: node_ids[n]} for n in nodes]) for nodes in placements]
+    ray.get([pg.ready() for pg in pgs], timeout=300)
+    groups = [([raw_cls.options(num_cpus=WORKER_CPU, scheduling_strategy=PlacementGroupSchedulingStrategy(
+        pg, placement_group_bundle_index=i)).remote() for i in range(len(nodes))], pg)
+        for nodes, pg in zip(placements, pgs)]
+    ray.get([a.noop.remote() for actors, _ in groups for a in actors], timeout=300)
     return groups
 
 
 def _raw_stop(ray, groups) -> None:
-    for actors in groups:
+    from ray.util.placement_group import remove_placement_group
+
+    for actors, pg in groups:
         for a in actors:
             ray.kill(a)
+        remove_placement_group(pg)
 
 
 def _actor_processes() -> int:

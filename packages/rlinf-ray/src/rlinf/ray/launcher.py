@@ -1,8 +1,8 @@
 """Ray sessions: start or join a Ray cluster and run worker groups as actors.
 
-Each worker's actor is pinned to its node; a group whose workers hold
-accelerators gets one placement group with a bundle per worker, so the
-cluster reserves all its devices or none (``reservation``).  Accelerators are assigned
+Each group gets one placement group with one bundle per worker, each bundle
+pinned to its node by node-id label, so a placement that the cluster cannot
+host fails as a whole instead of half-starting.  Accelerators are assigned
 by core (``CUDA_VISIBLE_DEVICES``), not by Ray, so the strategy decides
 exactly which device each worker sees.
 
@@ -10,7 +10,7 @@ Lifetime: a group lives until it is stopped, whether or not the code that
 launched it keeps its ``WorkerGroup``.  Its actors are owned by the process
 that launched it (the driver, or a worker for a child group) and the session
 and the registry hold their handles, so Ray does not collect them; stopping
-the group kills them and removes its placement group, which frees its
+the group kills them and removes the placement group, which frees its
 resources at once.  ``Cluster.shutdown()`` stops every group the process
 launched; if the driver exits without it, or is killed, Ray ends the actors
 and placement groups it owns (fate sharing with the owner), on an embedded
@@ -36,9 +36,11 @@ from rlinf.scheduler.plugins.placement import NodeInfo
 
 from . import embedded, logs
 from .classes import share_class_tracker
-from .reservation import WORKER_CPU, Reservation, release_pg
 from .runtime_env import worker_runtime_env
 
+#: fraction of a CPU each worker's bundle reserves (workers mostly wait)
+WORKER_CPU = 0.01
+NODE_LABEL = "ray.io/node-id"
 #: seconds per blocking wait slice while collecting results
 _SLICE = 1.0
 #: seconds a registry request may take (the registry actor answers at once unless it is gone)
@@ -197,13 +199,18 @@ class RaySession(LauncherSession):
             self._free(launched)
 
     def _free(self, launched) -> None:
+        from ray.util.placement_group import remove_placement_group
+
         actors, pg = launched
         for actor in actors:
             try:
                 self._ray.kill(actor, no_restart=True)
             except Exception:
                 pass  # already gone
-        release_pg(pg)
+        try:
+            remove_placement_group(pg)
+        except Exception:
+            pass  # already removed (by whoever stopped the group first)
 
     def publish_cluster(self, info: dict) -> dict:
         return self._ray.get(self._registry.set_cluster.remote(info), timeout=_REGISTRY_TIMEOUT)
@@ -239,24 +246,28 @@ class RaySession(LauncherSession):
     # -- workers --------------------------------------------------------------------
     def start_workers(self, specs, payload, timeout):
         ray = self._ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         from .actor import actor_class, actor_max_concurrency
 
-        bundles = []
+        bundles, selectors = [], []
         for spec in specs:
             bundle = {"CPU": WORKER_CPU}
             if spec.placement.local_gpu_ids:
                 bundle[_ray_resource(spec.node)] = len(spec.placement.local_gpu_ids)
             bundles.append(bundle)
+            selectors.append({NODE_LABEL: spec.node.node_id})
         group = specs[0].group_key
         # the node groups' env_configs of each worker's node: env_vars and py_executable of its actor
         local_node = ray.get_runtime_context().get_node_id()
         runtime_envs = [worker_runtime_env(spec, local_node) for spec in specs]
-        reservation = Reservation(ray, specs, bundles)
+        pg = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
         actors = []
         line = progress.Progress()
         try:
             # the actors and their construct calls are submitted at once: Ray starts each as soon as its
-            # resources are reserved, so no round trip waits for the reservation before the first worker starts
+            # bundle is reserved, so no round trip waits for the reservation before the first worker starts
             is_async = bool(specs[0].async_methods)
             remote_cls = actor_class(specs[0].class_name, specs[0].methods, is_async)
             for i, spec in enumerate(specs):
@@ -265,41 +276,61 @@ class RaySession(LauncherSession):
                     remote_cls.options(
                         num_cpus=WORKER_CPU,
                         max_concurrency=actor_max_concurrency(is_async, spec.max_concurrency),
-                        scheduling_strategy=reservation.strategy(i),
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
                         **options,
                     ).remote()
                 )
             port_ref = actors[0]._rlinf_reserve_master_port.remote()
             refs = [a._rlinf_construct.remote(spec, payload, port_ref) for a, spec in zip(actors, specs)]
-            reservation.wait_reserved(timeout, line)
-            records = self._collect_launch(refs, specs, timeout, line, reservation)
+            self._wait_for_resources(pg, specs, bundles, timeout, line)
+            records = self._collect_launch(refs, specs, timeout, line)
         except BaseException:
             line.close()
             for a in actors:
                 ray.kill(a, no_restart=True)
-            reservation.release()
+            remove_placement_group(pg)
             raise
         line.close(f"group {group}: {len(specs)} worker(s) started")
-        self._groups[group] = (actors, reservation.pg)  # held until stopped: Ray ends actors nobody holds
+        self._groups[group] = (actors, pg)  # held until stopped: Ray ends actors nobody holds
         return [(RayHandle(a, s.placement.rank), r) for a, s, r in zip(actors, specs, records)]
 
-    def _collect_launch(self, refs, specs, timeout, line, reservation: Reservation):
+    def _wait_for_resources(self, pg, specs, bundles, timeout, line) -> None:
+        """Wait (in slices, saying what for) until the placement group is reserved; ``LaunchError`` after ``timeout``."""
+        ray = self._ray
+        deadline = time.monotonic() + timeout
+        need: dict = {}
+        for b in bundles:
+            for k, v in b.items():
+                need[k] = need.get(k, 0) + v
+        reserved = pg.ready()  # one check task, waited on in slices
+        while True:
+            ready, _ = ray.wait([reserved], timeout=max(0.0, min(_SLICE, deadline - time.monotonic())))
+            if ready:
+                return
+            if time.monotonic() >= deadline:
+                raise LaunchError(
+                    f"the cluster could not reserve resources {bundles} on nodes "
+                    f"{[s.node.node_rank for s in specs]} within {timeout:.0f} s",
+                    group=specs[0].group_key,
+                )
+            if line.elapsed >= 1.0:  # Ray's view of free resources costs a request: only for waits that last
+                free = ray.available_resources()
+                have = ", ".join(f"{k} {free.get(k, 0):g} free of {v:g} needed" for k, v in need.items())
+                line.update(f"group {specs[0].group_key}: waiting for resources on node(s) "
+                            f"{sorted({s.node.node_rank for s in specs})}: {have} (cluster-wide)")
+
+    def _collect_launch(self, refs, specs, timeout, line):
         ray = self._ray
         deadline = time.monotonic() + timeout
         spec_of = dict(zip(refs, specs))
         pending = list(refs)
-        short = False  # the last slice found no resources free for one more worker
         while pending:
             ready, pending = ray.wait(pending, num_returns=1,
                                       timeout=max(0.0, min(_SLICE, deadline - time.monotonic())))
-            short = not ready and reservation.short(line)
-            if not short:
-                line.update(f"group {specs[0].group_key}: {len(refs) - len(pending)} of {len(refs)} worker(s) started")
+            line.update(f"group {specs[0].group_key}: {len(refs) - len(pending)} of {len(refs)} worker(s) started")
             if not ready and time.monotonic() < deadline:
                 continue
             if not ready:
-                if short:
-                    raise reservation.not_reserved(timeout)
                 ranks = [spec_of[r].placement.rank for r in pending]
                 raise LaunchError(f"workers did not start within {timeout:.0f} s (ranks {ranks})", group=specs[0].group_key)
             for ref in ready:
