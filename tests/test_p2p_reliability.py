@@ -143,6 +143,7 @@ def test_a_receive_that_times_out_midway_loses_nothing(cluster, launch, path):
         _use_path(path)
         os.environ["RLINF_CPU_SHM_MIN_BYTES"] = str(1 << 40)
         name = w.worker_group_name
+        w.recv(name, 1, timeout=60)  # the receiver is in its loop before the first byte moves
         w.send(torch.arange(n, dtype=torch.float32), name, 1, timeout=60)
         w.send_tensor(torch.arange(n, dtype=torch.float32) * 2, name, 1, timeout=60)
         w.send("after", name, 1, timeout=60)
@@ -150,6 +151,7 @@ def test_a_receive_that_times_out_midway_loses_nothing(cluster, launch, path):
 
     def receiver(w, n):
         name = w.worker_group_name
+        w.send("go", name, 0, timeout=60)
         timeouts, give_up = 0, time.monotonic() + 100
         while True:  # a deadline far shorter than the transfer: many receives time out midway
             try:
