@@ -18,6 +18,7 @@ import traceback
 
 import cloudpickle
 
+from rlinf.scheduler.base import config
 from rlinf.scheduler.base.errors import LaunchError
 from rlinf.scheduler.plugins import node_env
 from rlinf.scheduler.runtime.host import WorkerHost
@@ -38,14 +39,7 @@ def exit_grace() -> float:
     Raises:
         ValueError: ``RLINF_MPI_EXIT_GRACE`` is not a positive, finite number.
     """
-    raw = os.environ.get(EXIT_GRACE_ENV, "")
-    try:
-        value = float(raw) if raw else DEFAULT_EXIT_GRACE
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise ValueError(f"environment variable {EXIT_GRACE_ENV}={raw!r} must be a positive, finite number of seconds")
-    return value
+    return config._float_env(EXIT_GRACE_ENV, DEFAULT_EXIT_GRACE)
 
 
 def same_interpreter(path: str, running: str) -> bool:
