@@ -191,3 +191,25 @@ def test_the_guards_tell_loopback_listeners_and_replaceable_directories(shared_t
     with pytest.raises(PermissionError, match="sticky bit"):
         embedded.ray_temp_dir(open_parent)
     assert os.listdir(open_parent) == []
+
+
+def test_a_base_through_another_users_link_is_refused_and_ours_is_resolved(shared_tmp):
+    """``temp_dir=`` (or ``RLINF_RAY_TEMP_DIR``) naming another user's link to a root-owned sticky
+    directory is refused (its owner could re-point it while Ray, which keeps the path, runs); a link
+    of the user's own is resolved, so that re-pointing it later moves nothing."""
+    from rlinf.ray import embedded
+
+    sticky = tempfile.mkdtemp(prefix="rlt")
+    os.chmod(sticky, 0o1777)  # root's, like /var/tmp
+    try:
+        theirs = os.path.join(shared_tmp, "base")
+        _as_nobody(f"os.symlink({sticky!r}, {theirs!r})")
+        with pytest.raises(PermissionError, match=f"{theirs} is a symbolic link .*uid {NOBODY}.*temp_dir="):
+            embedded.ray_temp_dir(theirs)
+        assert os.listdir(sticky) == []
+        ours = os.path.join(shared_tmp, "ours")
+        os.symlink(sticky, ours)
+        path = embedded.ray_temp_dir(ours)
+        assert path == os.path.join(os.path.realpath(sticky), f"rlinf-ray-{os.geteuid()}", "ray"), path
+    finally:
+        shutil.rmtree(sticky, ignore_errors=True)

@@ -206,3 +206,39 @@ def test_private_dir_refuses_a_parent_another_user_may_rename_it_in(shared):
         security.private_dir(os.path.join(open_parent, "mine"))
     os.chmod(open_parent, 0o1777)  # like /tmp: only a file's owner may rename it
     assert security.private_dir(os.path.join(open_parent, "mine"))
+
+
+@as_root
+def test_private_dir_refuses_another_users_link_among_its_parents_and_resolves_its_own(shared):
+    """A base that is another user's link to a place that passes every check (a root-owned sticky
+    directory) is refused: its owner could re-point it after the check, and the caller, still using
+    the link, would write in the owner's tree.  A link of this user's (or root's) is resolved: the path
+    returned leads through no link."""
+    sticky = tempfile.mkdtemp(prefix="rlt")
+    os.chmod(sticky, 0o1777)  # root's, like /var/tmp
+    try:
+        theirs = os.path.join(shared, "base")
+        _as_nobody("ln", "-s", sticky, theirs)
+        with pytest.raises(security.PrivateDirError, match=f"{theirs} is a symbolic link .*uid {NOBODY}.*rm {theirs}"):
+            security.private_dir(os.path.join(theirs, "sub", "mine"), hint="or set SOME_ENV")
+        assert os.listdir(sticky) == []  # refused before anything is made
+        ours = os.path.join(shared, "ours")
+        os.symlink(sticky, ours)
+        got = security.private_dir(os.path.join(ours, "mine"))
+        assert got == os.path.join(os.path.realpath(sticky), "mine") == os.path.realpath(got), got
+        assert security.private_dir(got) == got
+    finally:
+        shutil.rmtree(sticky, ignore_errors=True)
+
+
+@as_root
+def test_private_dir_refuses_a_directory_on_the_way_that_another_user_may_rename(shared):
+    """Not only the parent: a directory further up that another user owns lets them rename the parent
+    (ours, 0700) away and put their own in its place."""
+    theirs = os.path.join(shared, "theirs")
+    _as_nobody("mkdir", "-m", "777", theirs)
+    ours = os.path.join(theirs, "ours")
+    os.mkdir(ours, 0o700)
+    with pytest.raises(security.PrivateDirError, match=f"{theirs} .*uid {NOBODY}.*lets other users replace ours"):
+        security.private_dir(os.path.join(ours, "mine"))
+    assert os.listdir(ours) == []

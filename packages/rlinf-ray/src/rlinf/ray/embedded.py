@@ -40,11 +40,14 @@ def ray_temp_dir(base: Optional[str] = None) -> str:
     is: Ray would make it 0777 on every start, so it could never stay private, and users often
     point it at a scratch directory shared with others.  Raises ``PermissionError`` (saying what
     to do) when the private directory is not private (``security.private_dir``, which also refuses a
-    parent where another user could replace it)."""
+    parent where another user could replace it, and a link on the way that another user made).  The
+    path returned has the links in ``base`` resolved (``private_dir`` returns it so): Ray keeps the
+    string for its whole session, and a link would be followed again on each use, wherever it then
+    points.  The resolved path may be longer than ``base``: Ray's socket paths under it must fit in
+    107 bytes."""
     base = os.path.abspath(base or tempfile.gettempdir())
-    os.makedirs(base, exist_ok=True)
-    private = os.path.join(base, f"rlinf-ray-{os.geteuid()}")
-    security.private_dir(private, hint="or choose another base directory with temp_dir= or RLINF_RAY_TEMP_DIR")
+    private = security.private_dir(os.path.join(base, f"rlinf-ray-{os.geteuid()}"),
+                                   hint="or choose another base directory with temp_dir= or RLINF_RAY_TEMP_DIR")
     return os.path.join(private, RAY_SUBDIR)
 
 

@@ -40,6 +40,7 @@ secret itself never appears in a log, a repr or an error message.
 from __future__ import annotations
 
 import collections
+import errno
 import hashlib
 import hmac
 import logging
@@ -460,16 +461,60 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _check_parent(parent: str, name: str, hint: str) -> None:
-    """``PrivateDirError`` unless only this user (or root) can replace ``name`` in ``parent``."""
-    st = os.stat(parent)
-    shared = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
-    if st.st_uid in (0, os.geteuid()) and not shared:
-        return
-    raise PrivateDirError(
-        f"{parent} ({_user(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}) lets other users replace {name} "
-        f"in it; choose a place that only you (or root) can write, or one with the sticky bit (chmod +t)"
-        + (f", {hint}" if hint else ""))
+def _resolve(path: str, hint: str) -> str:
+    """``path`` (absolute) with every symbolic link on it resolved, as ``os.path.realpath`` does; the part
+    that does not exist yet is kept as written.  ``PrivateDirError`` for a link made by another user than
+    this one or root: its owner chose where the path leads, and may re-point it at any time."""
+    me, hops = os.geteuid(), 0
+    todo, done = collections.deque(path.split("/")), "/"
+    while todo:
+        name = todo.popleft()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            done = os.path.dirname(done)
+            continue
+        step = os.path.join(done, name)
+        try:
+            st = os.lstat(step)
+        except (FileNotFoundError, NotADirectoryError):
+            return os.path.join(step, *todo)
+        if not stat.S_ISLNK(st.st_mode):
+            done = step
+            continue
+        target = os.readlink(step)
+        if st.st_uid not in (0, me):
+            raise PrivateDirError(
+                f"{step} is a symbolic link (to {target}) made by {_user(st.st_uid)}, on the way to {path}: "
+                f"its owner decides where your files go and may re-point it at any time; name the place "
+                f"without it (remove the link as its owner or root: rm {step})" + (f", {hint}" if hint else ""))
+        hops += 1
+        if hops > 40:
+            raise OSError(errno.ELOOP, "too many levels of symbolic links", path)
+        todo.extendleft(reversed(target.split("/")))
+        if target.startswith("/"):
+            done = "/"
+    return done
+
+
+def _check_parents(path: str, hint: str) -> None:
+    """``PrivateDirError`` unless only this user (or root) can replace ``path`` (no links on it, see
+    ``_resolve``) or anything on the way there: each directory above it, from ``/`` down to the last one
+    that exists, must be this user's or root's, writable by nobody else unless it has the sticky bit."""
+    names = path.split("/")[1:]
+    for depth in range(len(names)):
+        here = "/" + "/".join(names[:depth])
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            return  # made by this user next, 0700
+        shared = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+        if stat.S_ISDIR(st.st_mode) and st.st_uid in (0, os.geteuid()) and not shared:
+            continue
+        raise PrivateDirError(
+            f"{here} ({_user(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}) lets other users replace "
+            f"{names[depth]} in it; choose a place that only you (or root) can write, or one with the sticky "
+            f"bit (chmod +t)" + (f", {hint}" if hint else ""))
 
 
 def private_dir(path: str, create: bool = True, hint: str = "") -> str:
@@ -482,16 +527,23 @@ def private_dir(path: str, create: bool = True, hint: str = "") -> str:
     ``PrivateDirError``: it names the path, what is wrong and the fix, and
     ``hint`` adds the caller's own way out (an environment variable that picks
     another place, say).  Nothing in a refused directory is touched.  Missing
-    parents are made as ``mkdir -p`` does, the last one 0700.  The parent is checked too: another
-    user who may write to it, without the sticky bit (as /tmp has), could rename ``path`` away and
-    put their own in its place, so it must be this user's or root's and writable by nobody else
-    unless sticky.  ``FileNotFoundError`` when the directory is missing and ``create`` is False.
-    Returns ``path``.
+    parents are made as ``mkdir -p`` does, the last one 0700.  The parents are checked too, each
+    from ``/`` down, before anything is made there: another user who may write to one, without
+    the sticky bit (as /tmp has), could rename ``path`` (or a directory on the way) away and put
+    their own in its place, so each must be this user's or root's and writable by nobody else
+    unless sticky.  Symbolic links among the parents are resolved first and the returned path
+    has none: one who kept using a link would follow it again on each use, wherever it then
+    points.  A link there that another user (not root) made is refused: its owner, not this
+    user, chose the place.  ``FileNotFoundError`` when the directory is missing and ``create``
+    is False.  Returns the path to use from then on, ``path`` with the links among its parents
+    resolved: callers must use it, not ``path``.
     """
-    parent = os.path.dirname(os.path.abspath(path))
+    parent = _resolve(os.path.dirname(os.path.abspath(path)), hint)
+    path = os.path.join(parent, os.path.basename(os.path.abspath(path)))
+    _check_parents(path, hint)  # before anything is made there
     if create:
         os.makedirs(parent, mode=0o700, exist_ok=True)  # a parent made here is the user's alone too
-    _check_parent(parent, os.path.basename(path), hint)
+        _check_parents(path, hint)
     if create:
         try:
             os.mkdir(path, 0o700)
