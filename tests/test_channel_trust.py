@@ -171,6 +171,121 @@ def test_an_interrupted_parked_put_on_a_local_channel_is_not_delivered():
         ch.get_nowait()
 
 
+
+# -- a channel host, its transport and clients in this process (no Ray): races inside one client ---------
+class _Host:
+    """A real ``ChannelServer`` listening on a real ``CpuTransport``; ``client()`` connects a real client."""
+
+    def __init__(self, name, maxsize):
+        import json
+
+        from rlinf.scheduler.messaging.channel.server import ChannelServer
+        from rlinf.scheduler.transports.cpu_transport import CpuTransport
+
+        self.name = name
+        self.server = ChannelServer(name, maxsize)
+        self.transport = CpuTransport()
+        self.endpoint = self.transport.listen(lambda link, hello: self.server.on_connect(link, json.loads(hello)),
+                                              "127.0.0.1")
+        self.clients = []
+
+    def client(self, who):
+        import json
+
+        from rlinf.scheduler.messaging.channel.client import ChannelClient
+        from rlinf.scheduler.transports.cpu_transport import CpuTransport
+
+        hello = json.dumps({"service": "channel", "channel": self.name, "client": who}).encode()
+        link = CpuTransport().connect(self.endpoint, hello, time.monotonic() + 10)
+        c = ChannelClient(self.name, f"{self.name}-host", link)
+        self.clients.append(c)
+        return c
+
+    def close(self):
+        for c in self.clients:
+            c.fail("the test is over")
+        self.transport.close()
+
+
+def _frames(item):
+    from rlinf.scheduler.transports import codec
+
+    header, buffers = codec.encode(item)
+    return [header, *buffers]
+
+
+def _put(client, key, item, timeout=5.0):
+    """A blocking put through ``client`` (what ``Channel.put`` does)."""
+    _, fut = client.request({"op": "put", "key": key, "weight": 0.0, "timeout": timeout}, _frames(item), blocking=True)
+    client.wait_reply(fut, timeout + 2)
+
+
+def _get(client, key, timeout):
+    """A blocking get through ``client``: the item, or ``("error", kind)``."""
+    from rlinf.scheduler.transports import codec
+
+    rid, fut = client.request({"op": "get", "key": key, "timeout": timeout}, (), blocking=True)
+    ctrl, frames = client.wait_reply(fut, timeout + 2)
+    if ctrl.get("error"):
+        return ("error", ctrl["error"])
+    client.ack(rid)
+    return codec.decode(frames[0], list(frames[1:]))
+
+
+@pytest.fixture
+def host(monkeypatch):
+    """A channel host in this process; its clients beat every 0.2 s (declared dead after 1 s unheard or stuck)."""
+    monkeypatch.setenv("RLINF_CHANNEL_HEARTBEAT", "0.2")
+    made = []
+
+    def make(name, maxsize=0):
+        made.append(_Host(name, maxsize))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def test_an_async_put_committed_before_its_client_was_declared_dead_succeeds(host):
+    """An async put whose reply is read and committed while a callback of the same client runs long: the
+    heartbeat then declares the client dead (the callback holds the hand-over up), but the put was committed,
+    so its caller must hear that it succeeded (the item is delivered), and at once, not behind the callback."""
+    h = host("trust_committed")
+    producer, other, consumer = h.client("producer"), h.client("other"), h.client("consumer")
+    _, got_a = producer.request({"op": "get", "key": "a", "timeout": None}, ())
+    put_b = []
+    seen = {}
+    started, asked = threading.Event(), threading.Event()
+
+    def slow(_f):  # a user's callback that waits for another operation of the same channel
+        started.set()
+        asked.wait(5)
+        begin = time.monotonic()
+        try:
+            put_b[0].result(4)
+            seen["b"] = "succeeded"
+        except Exception as exc:
+            seen["b"] = type(exc).__name__
+        seen["waited"] = time.monotonic() - begin
+
+    got_a.add_done_callback(slow)
+    _put(other, "a", "for-a")
+    assert started.wait(5), "the callback never ran"
+    put_b.append(producer.request({"op": "put", "key": "b", "weight": 0.0, "timeout": None}, _frames("item-B"))[1])
+    asked.set()
+    try:
+        put_b[0].result(6)
+        outcome = "succeeded"
+    except Exception as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    delivered = _get(consumer, "b", 3.0)
+    assert producer._dead is not None  # the stuck callback got the client declared dead
+    assert (outcome, delivered) == ("succeeded", "item-B")
+    _wait_for(lambda: "waited" in seen, 6, "the callback's end")
+    assert seen["b"] == "succeeded" and seen["waited"] < 3.0, seen
+
+
 def _produce(record_file, name):
     """The producer program: put item-2 on channel ``name`` through this process's own connection."""
     from rlinf.scheduler.channel import channel as channel_module

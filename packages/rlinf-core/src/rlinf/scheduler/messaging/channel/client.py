@@ -20,7 +20,9 @@ for another operation of the same channel: it holds up the hand-over of
 every reply, and the heartbeat thread declares the connection dead once it
 has run for several heartbeats with replies waiting.  When the connection
 is declared dead, every pending operation fails at once in the thread that
-found it dead (so a callback stuck on one of them is released).
+found it dead (so a callback stuck on one of them is released), except an
+asynchronous put whose commit already went out: it succeeds there and then
+(its item will be delivered), even if its reply still waited for the hand-over.
 
 Every send has a deadline, which also bounds its wait for another
 thread's send on the link.  A heartbeat thread pings the host; a host not
@@ -56,7 +58,7 @@ from typing import Optional
 
 from ...base.errors import CommunicationError, PeerDiedError
 from ...plugins.transport import Link, LinkBusy
-from .commits import BURST, _Commits, _Reply
+from .commits import BURST, _Commits, _Reply, _settle_decided
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
 
 #: seconds a client waits beyond an operation's own timeout for the host's reply
@@ -83,6 +85,8 @@ class ChannelClient(_Commits):
         self._bursts = link.poll_fd() is not None  # its recv_nowait works: a reader takes what is there in one go
         self._ids = itertools.count(1)
         self._pending: dict[int, concurrent.futures.Future] = {}
+        #: asynchronous puts a reader claimed to commit, until handed over: their commit decides their outcome
+        self._claimed: dict[int, _Reply] = {}
         self._lock = threading.Lock()
         self._dead: Optional[str] = None
         self._send_timeout = send_timeout()
@@ -190,10 +194,12 @@ class ChannelClient(_Commits):
                 return  # a reply to a request given up; the cancel sent for it makes the host put its items back
             blocking = rid in self._blocking
             commit = self._may_commit(fut, blocking, ctrl)
-            if blocking:
+            if blocking or commit:
                 del self._pending[rid]
                 self._blocking.discard(rid)
                 fut.claimed = commit
+                if not blocking:
+                    self._claimed[rid] = fut  # no longer fails with the connection: its commit decides
         if commit:
             batch.append((rid, fut, ctrl, frames[1:], blocking))
         elif blocking:
@@ -211,7 +217,7 @@ class ChannelClient(_Commits):
         while self._replies:
             rid, ctrl, frames, failed = self._replies.popleft()
             with self._lock:
-                fut = self._pending.pop(rid, None)
+                fut = self._pending.pop(rid, None) or self._claimed.pop(rid, None)
             if fut is not None and not fut.done():
                 if failed is not None:  # its commit could not be sent when the reply was read
                     fut.set_exception(failed)
@@ -377,10 +383,17 @@ class ChannelClient(_Commits):
             self._turn.notify_all()  # the background reader ends
 
     def _fail_all(self, reason: str) -> None:
+        """Fail every pending operation with ``PeerDiedError``, and settle now the asynchronous puts whose
+        commit has been decided (a committed one succeeds: its item will be delivered), whether or not the
+        background reader would still hand them over.  A put whose commit is being sent is left to the
+        thread sending it (``_commit_batch`` settles it, seeing the connection dead)."""
         with self._lock:
             self._dead = self._dead or reason
             pending, self._pending = self._pending, {}
             self._blocking.clear()
+            decided = [self._claimed.pop(rid) for rid in [r for r, f in self._claimed.items() if f.outcome]]
+        for fut in decided:
+            _settle_decided(fut)
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(PeerDiedError(reason, peer=self.host))

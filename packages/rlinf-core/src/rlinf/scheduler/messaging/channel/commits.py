@@ -46,13 +46,16 @@ class _Reply(concurrent.futures.Future):
     ``rid``: its request id; ``put_id``: the request id of a put (which must
     be committed); ``owner``: the thread that made the request; ``claimed``:
     a reader took it to commit it (its outcome is the commit's);
-    ``committed``: its commit was handed to the connection."""
+    ``committed``: its commit was handed to the connection; ``outcome``: an
+    asynchronous put's ``(reply, error)`` once its commit was sent or failed
+    (``error`` None: it succeeds with ``reply``)."""
 
     rid: int = 0
     put_id: Optional[int] = None
     owner: Optional[int] = None
     claimed: bool = False
     committed: bool = False
+    outcome: Optional[tuple] = None
 
 
 class _Commits:
@@ -84,26 +87,35 @@ class _Commits:
         except BaseException:
             self._drop_batch(batch)
             raise
-        queued = False
+        queued, now = False, []
+        with self._lock:  # decided under the lock ``_fail_all`` takes: if it has run, no hand-over will come
+            dead = self._dead is not None
+            for rid, fut, ctrl, frames, blocking in batch:
+                fut.committed = failed is None
+                if blocking:
+                    continue
+                fut.outcome = ((ctrl, frames), None if failed is None else failed())
+                if dead:
+                    now.append(self._claimed.pop(rid, fut))
+                else:
+                    self._replies.append((rid, ctrl, frames, fut.outcome[1]))
+                    queued = True
         for rid, fut, ctrl, frames, blocking in batch:
             if blocking:
-                if failed is None:
-                    fut.committed = True
-                    _settle(fut, result=(ctrl, frames))
-                else:
-                    _settle(fut, exc=failed())
-            else:
-                self._replies.append((rid, ctrl, frames, None if failed is None else failed()))
-                queued = True
+                _settle(fut, result=(ctrl, frames)) if failed is None else _settle(fut, exc=failed())
+        for fut in now:
+            _settle_decided(fut)
         if queued:
             self._nudge()
 
     def _drop_batch(self, batch: list) -> None:
-        """The read that claimed ``batch`` failed before its commit: its blocking calls fail (their
-        asynchronous ones are still pending, and fail with the connection)."""
-        for _rid, fut, _ctrl, _frames, blocking in batch:
-            if blocking:
-                _settle(fut, exc=PeerDiedError(self._dead or f"{self._connection()} was lost", peer=self.host))
+        """The read that claimed ``batch`` failed before its commit went out: its puts fail (the
+        connection is given up, so the host drops them)."""
+        for rid, fut, _ctrl, _frames, blocking in batch:
+            if not blocking:
+                with self._lock:
+                    self._claimed.pop(rid, None)
+            _settle(fut, exc=PeerDiedError(self._dead or f"{self._connection()} was lost", peer=self.host))
 
     def _commit_if_put(self, fut: _Reply, ctrl: dict) -> None:
         """Commit a put its caller's own thread got uncommitted, before the caller hears that it succeeded.
@@ -170,6 +182,12 @@ def _settle(fut: concurrent.futures.Future, result=None, exc: Optional[BaseExcep
             fut.set_exception(exc)
     except concurrent.futures.InvalidStateError:
         pass  # already failed with the connection
+
+
+def _settle_decided(fut: _Reply) -> None:
+    """Settle an asynchronous put with the outcome its commit decided (runs its callbacks)."""
+    reply, exc = fut.outcome
+    _settle(fut, result=reply, exc=exc)
 
 
 def _again(exc: Exception) -> Callable[[], Exception]:
