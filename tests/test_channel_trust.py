@@ -172,6 +172,30 @@ def test_an_interrupted_parked_put_on_a_local_channel_is_not_delivered():
 
 
 
+def test_a_local_put_interrupted_after_its_room_was_made_is_withdrawn():
+    """The in-process channel (``maxsize=1``): a blocking put waits for room, a get makes it, and an interrupt
+    lands in the putter after its wait ended but before its item joined the queue.  The put raised, so it
+    is withdrawn, and the place it held is free again (the key takes new puts)."""
+    ch = Channel.create("trust_local_late", maxsize=1, local=True)
+    ch.put("item-1", timeout=5)
+    threading.Timer(0.3, lambda: ch.get(timeout=5)).start()  # makes room for item-2 while its put waits
+
+    def interrupt_at_commit(frame, event, arg):  # a Ctrl-C landing the moment the put goes on to queue its item
+        if event == "call" and frame.f_code.co_name == "_commit" and "local.py" in frame.f_code.co_filename:
+            raise KeyboardInterrupt
+        return None
+
+    sys.settrace(interrupt_at_commit)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ch.put("item-2", timeout=10)
+    finally:
+        sys.settrace(None)
+    assert ch.qsize() == 0  # item-2 was withdrawn
+    ch.put("item-3", timeout=2)  # the place item-2 held is free: not blocked for good
+    assert ch.get(timeout=2) == "item-3"
+
+
 # -- a channel host, its transport and clients in this process (no Ray): races inside one client ---------
 class _Host:
     """A real ``ChannelServer`` listening on a real ``CpuTransport``; ``client()`` connects a real client."""

@@ -120,20 +120,32 @@ class LocalChannel:
     def _has_room(self, q: _Queue) -> bool:
         return not self._maxsize or len(q.items) + q.held < self._maxsize
 
-    def _commit(self, token: str, q: _Queue, item: Any, weight: float) -> None:
-        """A blocking put served while it waited returns: its item joins the queue."""
+    def _commit(self, token: str, q: _Queue, record: tuple, released: list) -> None:
+        """A blocking put served while it waited returns: its item (``record``) joins the queue.
+
+        ``released[0]`` says the place it held was given back (nothing that
+        can take an interrupt runs between the two), so that ``_withdraw``
+        knows what an interrupt inside this left done."""
         with self._lock:
             q.held -= 1
-            q.items.append((item, weight))
+            released[0] = True
+            q.items.append(record)
             self._progress(token)
 
-    def _withdraw(self, token: str, q: _Queue, entry, fut: concurrent.futures.Future) -> None:
-        """A blocking put raised (interrupted, timed out): take it back, whether it waits or was served."""
+    def _withdraw(self, token: str, q: _Queue, entry, fut: concurrent.futures.Future, record: tuple,
+                  released: list) -> None:
+        """A blocking put raised (interrupted, timed out): take it back, whether it waits, was served,
+        or was interrupted inside ``_commit`` (its item is taken out again unless a consumer has it)."""
         with self._lock:
             try:
                 q.putters.remove(entry)
             except ValueError:  # served, or expired
-                if fut.done() and fut.exception() is None:
+                if released[0]:
+                    for i, queued in enumerate(q.items):
+                        if queued is record:
+                            del q.items[i]
+                            break
+                elif fut.done() and fut.exception() is None:
                     q.held -= 1  # served: the place it held is free again
             self._progress(token)
 
@@ -156,12 +168,14 @@ class LocalChannel:
         what = f"put on channel {self._name!r} key {show_key(token)}"
         if async_op or entry is None:
             return self._finish(fut, q.putters, entry, async_op, timeout, what)
-        try:
+        record, released, done = (item, float(weight)), [False], False
+        try:  # an interrupt anywhere before the commit completed withdraws the put
             self._finish(fut, q.putters, entry, async_op, timeout, what)
-        except BaseException:
-            self._withdraw(token, q, entry, fut)
-            raise
-        self._commit(token, q, item, float(weight))
+            self._commit(token, q, record, released)
+            done = True
+        finally:
+            if not done:
+                self._withdraw(token, q, entry, fut, record, released)
 
     def put_nowait(self, item: Any, weight: float = 0, key: Any = "default_queue") -> None:
         token = key_token(key)
