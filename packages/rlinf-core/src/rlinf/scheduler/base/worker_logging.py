@@ -11,12 +11,21 @@ sets the level; with ``Cluster(distributed_log_dir=...)`` each worker also
 writes its lines to ``<dir>/<address>.log``.  The directory reaches the
 workers as ``RLINF_DISTRIBUTED_LOG_DIR``, like every ``RLINF_*`` setting of the
 launching process.
+
+The directory may be shared with other users, and the file names are easy to
+guess: a log file is opened without following a symbolic link, made with mode
+0600, and taken only when it is a regular file of this user with no other hard
+link (``open_log_file``).  Another user's planted link or file is refused: the
+worker says so on its terminal, naming the path and the fix, and runs on
+without the file.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 import sys
 from typing import Optional
 
@@ -69,8 +78,11 @@ def configure_worker_process() -> None:
     _installed.append(stream)
     log_dir = ctx.env.get(LOG_DIR_ENV) or os.environ.get(LOG_DIR_ENV)
     if log_dir:
-        os.makedirs(log_dir, exist_ok=True)
-        _installed.append(logging.FileHandler(os.path.join(log_dir, f"{ctx.address.get_name()}.log")))
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+            _installed.append(_LogFileHandler(os.path.join(log_dir, f"{ctx.address.get_name()}.log")))
+        except OSError as exc:  # the file is an aid: the worker runs on, logging to its terminal
+            print(f"{prefix} not writing this worker's log file: {exc}", file=sys.stderr)
     try:
         level = log_level()
     except ValueError as exc:
@@ -81,6 +93,48 @@ def configure_worker_process() -> None:
         root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False  # the worker's own root logger config (if any) does not print it twice
+
+
+def open_log_file(path: str, encoding: Optional[str] = "utf-8", errors: Optional[str] = None):
+    """``path`` opened for appending text: created with mode 0600 if missing, never through a link.
+
+    Taken only when it is a regular file of this user with no other hard link: in a directory that
+    other users may write to, a link or file planted under the predictable name would otherwise get
+    this worker's lines wherever its maker chose (appended to a file of theirs, or of this user).
+    ``encoding`` and ``errors`` are ``open``'s.  Raises ``PermissionError`` naming the path, what is
+    wrong and what to do; ``OSError`` when it cannot be opened.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)  # O_NONBLOCK: a planted FIFO fails here instead of blocking
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO):
+            raise
+        st = os.lstat(path)
+        problem = (f"is a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(st.st_mode) else "is not a regular file")
+    else:
+        st = os.fstat(fd)
+        problem = ("is not a regular file" if not stat.S_ISREG(st.st_mode) else
+                   f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})" if st.st_uid != os.geteuid() else
+                   f"has {st.st_nlink} hard links" if st.st_nlink != 1 else None)
+        if problem is None:
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "a", encoding=encoding, errors=errors)
+        os.close(fd)
+    raise PermissionError(
+        f"log file {path} {problem} (owner uid {st.st_uid}): another user may have put it there to get "
+        f"this worker's lines, so it is not written.  To fix: remove it (as its owner, or root: rm {path}), "
+        f"or choose a distributed_log_dir that only you can write to")
+
+
+class _LogFileHandler(logging.FileHandler):
+    """A ``FileHandler`` whose file is opened by ``open_log_file`` (no links, this user's only)."""
+
+    def __init__(self, path: str):
+        super().__init__(path, encoding="utf-8")
+
+    def _open(self):
+        return open_log_file(self.baseFilename, self.encoding, self.errors)
 
 
 class _PrefixFormatter(logging.Formatter):
