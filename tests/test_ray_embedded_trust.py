@@ -59,7 +59,12 @@ DRIVER = textwrap.dedent("""
         for c in conns:
             if c.status == psutil.CONN_LISTEN or (c.type == 2 and not c.raddr):
                 listening.append([proc.pid, name, c.laddr.ip, c.laddr.port])
-    print(json.dumps({"session": session, "worker": worker, "listening": listening,
+    watchdog_env = None  # the names in the environment of the watchdog this driver started
+    for proc in psutil.Process().children():
+        if "rlinf.ray.watchdog" in " ".join(proc.cmdline()):
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                watchdog_env = sorted(e.split(b"=", 1)[0].decode() for e in f.read().split(b"\\0") if e)
+    print(json.dumps({"session": session, "worker": worker, "listening": listening, "watchdog_env": watchdog_env,
                       "sockets": sorted(os.listdir(os.path.join(session, "sockets")))}), flush=True)
     select.select([sys.stdin], [], [], 60)  # the test looks at the running cluster, then says "done"
     group.stop()
@@ -76,10 +81,10 @@ def _as_nobody(code: str) -> dict:
     return json.loads(done.stdout)
 
 
-def _driver(base: str) -> subprocess.Popen:
+def _driver(base: str, **extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RAY_AUTH", "RAY_ADDRESS", "RLINF_LAUNCHER", "RLINF_RAY_TEMP_DIR", "RLINF_STATUS"))}
-    env.update(TMPDIR=base, PYTHONUNBUFFERED="1", XDG_RUNTIME_DIR="")
+    env.update(TMPDIR=base, PYTHONUNBUFFERED="1", XDG_RUNTIME_DIR="", **extra)
     return subprocess.Popen([sys.executable, "-c", DRIVER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -136,10 +141,11 @@ def test_a_directory_another_user_planted_is_refused(shared_tmp):
 @pytest.mark.timeout(150)
 def test_embedded_cluster_is_private_to_its_user_and_listens_on_loopback(shared_tmp):
     """The cluster's files are in a 0700 directory of the user (so nobody cannot take over the raylet's
-    socket), and every port its processes (driver, daemons, agents, a worker) listen on is on loopback."""
+    socket), and every port its processes (driver, daemons, agents, a worker) listen on is on loopback.
+    The watchdog it starts holds none of the cluster's secrets."""
     mine = os.path.join(shared_tmp, f"rlinf-ray-{os.geteuid()}")
     start = time.monotonic()
-    proc = _driver(shared_tmp)
+    proc = _driver(shared_tmp, RLINF_CLUSTER_SECRET="s" * 32)
     try:
         info = _first_line(proc, 100)
         assert "session" in info, info
@@ -151,6 +157,8 @@ def test_embedded_cluster_is_private_to_its_user_and_listens_on_loopback(shared_
                            "except OSError as exc:\n    out['errno'] = exc.errno")
         assert taken == {"errno": errno.EACCES}, f"uid nobody could take over the raylet's socket {raylet}: {taken}"
         assert session.startswith(mine + os.sep), f"Ray's session {session} is not in the private {mine}"
+        assert info["watchdog_env"] and "PATH" in info["watchdog_env"], info["watchdog_env"]
+        assert {"RAY_AUTH_TOKEN", "RLINF_CLUSTER_SECRET"}.isdisjoint(info["watchdog_env"]), info["watchdog_env"]
         st = os.lstat(mine)
         assert st.st_uid == os.geteuid() and (st.st_mode & 0o7777) == 0o700, oct(st.st_mode)
 

@@ -508,15 +508,22 @@ def _death_reason(exc) -> str:
 
 
 def _start_watchdog():
-    """Make sure the embedded cluster dies with this driver, even on SIGKILL (see ``watchdog``)."""
+    """Make sure the embedded cluster dies with this driver, even on SIGKILL (see ``watchdog``).
+
+    The watchdog reads /proc and sends signals; it gets this process's environment (to find Python and
+    rlinf) without the cluster's secrets (Ray's token, ``RLINF_CLUSTER_SECRET``), which it never needs."""
     import subprocess
     import sys
 
     import ray
 
+    from rlinf.scheduler.base import security
+
     session_dir = ray._private.worker._global_node.get_session_dir_path()
+    secret = ("RAY_AUTH_TOKEN", security.SECRET_ENV)
     return subprocess.Popen(
         [sys.executable, "-m", "rlinf.ray.watchdog", str(os.getpid()), session_dir],
+        env={k: v for k, v in os.environ.items() if k not in secret},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
