@@ -310,6 +310,36 @@ def test_an_async_put_committed_before_its_client_was_declared_dead_succeeds(hos
     assert seen["b"] == "succeeded" and seen["waited"] < 3.0, seen
 
 
+
+def test_an_async_put_whose_wait_timed_out_is_not_delivered(cluster):
+    """An async put parked on a full hosted channel (``maxsize=1``): its work's ``wait(timeout)`` raises, so
+    the put is withdrawn, and a consumer that makes room later gets only the first item."""
+    ch = Channel.create("trust_async_wait", maxsize=1)
+    ch.put("x1", timeout=10)
+    work = ch.put("x2", async_op=True)
+    with pytest.raises(CommTimeoutError, match="withdrawn"):
+        work.wait(0.5)
+    with pytest.raises(CommTimeoutError):  # it stays failed
+        work.wait(0.1)
+    assert ch.get(timeout=10) == "x1"
+    with pytest.raises(CommTimeoutError):
+        ch.get(timeout=1.0)
+    assert _stats("trust_async_wait")["items"] == 0
+
+
+def test_an_async_put_on_a_local_channel_whose_wait_timed_out_is_not_delivered():
+    """The in-process channel keeps the same rule: a wait that times out withdraws the async put."""
+    ch = Channel.create("trust_local_async_wait", maxsize=1, local=True)
+    ch.put("x1", timeout=5)
+    work = ch.put("x2", async_op=True)
+    with pytest.raises(CommTimeoutError, match="withdrawn"):
+        work.wait(0.3)
+    assert ch.get(timeout=2) == "x1"
+    assert ch.qsize() == 0
+    with pytest.raises(CommTimeoutError):
+        ch.get(timeout=0.5)
+
+
 def _produce(record_file, name):
     """The producer program: put item-2 on channel ``name`` through this process's own connection."""
     from rlinf.scheduler.channel import channel as channel_module

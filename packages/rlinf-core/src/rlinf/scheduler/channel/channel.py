@@ -14,7 +14,6 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-import weakref
 from typing import Any, Optional
 
 from ..base import config, lifecycle
@@ -29,6 +28,7 @@ from ..worker.worker import provide_channels
 from ..messaging.channel.keys import key_token, replica_of, show_key
 from ..messaging.channel.client import REPLY_GRACE, ChannelClient, SendTimeout
 from ..messaging.channel.protocol import send_timeout as _send_timeout
+from .works import _PutWork, _TakeWork
 
 DEFAULT_KEY = "default_queue"
 _GROUP_PREFIX = CHANNEL_HOST_PREFIX
@@ -282,6 +282,8 @@ class Channel:
 
             if ctrl["op"] in ("get", "get_batch"):
                 return _TakeWork(fut, what, finish, client, rid)
+            if ctrl["op"] == "put":
+                return _PutWork(fut, what, finish, client)
             return AsyncWork(fut, what).then(finish)
         # bounded: a sync operation always carries a timeout, and the host answers (or is declared dead) before this
         wait = (_send_timeout() if timeout is None else timeout) + REPLY_GRACE
@@ -306,7 +308,9 @@ class Channel:
             key: the queue to append to (each key is its own FIFO).
             async_op: return an ``AsyncWork`` at once instead of waiting.
             timeout: seconds to wait; ``None``: the configured default
-                (``RLINF_TIMEOUT``; with ``async_op``, the work's ``wait`` bounds it).
+                (``RLINF_TIMEOUT``; with ``async_op``, the work's ``wait`` bounds it:
+                a ``wait(t)`` that runs out withdraws the put, which then raises
+                ``CommTimeoutError`` and is never delivered).
 
         Returns ``None``, or with ``async_op`` an ``AsyncWork`` done once the item is queued.
 
@@ -442,77 +446,6 @@ class Channel:
             CommunicationError: the host failed or cannot be reached.
         """
         return self._call({"op": "full", "key": _check_key(key)}, timeout=config.default_timeout())
-
-
-def _take_work_base():
-    from ..transports.async_work import AsyncWork
-
-    return AsyncWork
-
-
-class _TakeWork(_take_work_base()):
-    """The AsyncWork of a get: its item leaves the channel only when the user takes the result.
-
-    ``wait``/``await``/``then`` take it (and acknowledge it to the host); if
-    the work is dropped before that, the request is cancelled and the host
-    puts the item back at the head of its queue.
-    """
-
-    def __init__(self, raw: concurrent.futures.Future, what: str, finish, client: ChannelClient, rid: int):
-        taken = [False]
-        out: concurrent.futures.Future = concurrent.futures.Future()
-
-        def arrived(f: concurrent.futures.Future) -> None:
-            exc = f.exception()
-            if exc is not None:
-                taken[0] = True  # nothing to put back
-                out.set_exception(exc)
-                return
-            ctrl_back, items = f.result()  # done: this is its done-callback
-            if "count" not in ctrl_back:
-                taken[0] = True
-            # decoded only once the user takes it: finish() also acknowledges the item
-            out.set_result((ctrl_back, items))
-
-        super().__init__(out, what)
-        self._finish, self._taken, self._value = finish, taken, None
-        self._lock = threading.Lock()
-        weakref.finalize(self, _abandon, client, rid, taken)
-        raw.add_done_callback(arrived)
-
-    def _take(self, reply):
-        with self._lock:
-            if self._value is None:
-                self._taken[0] = True
-                self._value = (self._finish(reply),)
-            return self._value[0]
-
-    def wait(self, timeout: Optional[float] = None) -> Any:
-        # timeout=None waits as long as the user asked; the host answers or is declared dead by heartbeat
-        return self._take(super().wait(timeout))
-
-    async def async_wait(self) -> Any:
-        return self._take(await super().async_wait())
-
-    def then(self, fn):
-        from ..transports.async_work import AsyncWork
-
-        nxt: concurrent.futures.Future = concurrent.futures.Future()
-
-        def chain(f: concurrent.futures.Future) -> None:
-            try:
-                nxt.set_result(fn(self._take(f.result())))  # done: this is its done-callback
-            except BaseException as exc:
-                nxt.set_exception(exc)
-
-        self._future.add_done_callback(chain)
-        return AsyncWork(nxt, self._describe)
-
-
-def _abandon(client: ChannelClient, rid: int, taken: list) -> None:
-    if not taken[0]:
-        taken[0] = True
-        client.abandon(rid)
 
 
 def _raise_for(ctrl: dict, what: str, host: str) -> None:

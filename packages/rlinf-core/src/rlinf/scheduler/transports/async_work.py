@@ -53,7 +53,12 @@ class AsyncWork:
         return cls(out, describe)
 
     def wait(self, timeout: Optional[float] = None) -> Any:
-        """Block until done and return the result; re-raises the operation's error."""
+        """Block until done and return the result; re-raises the operation's error.
+
+        ``timeout``: seconds to wait (``None``: until done).  Raises ``TimeoutError`` if the operation
+        has not finished by then; the operation goes on unless its own kind
+        says otherwise (a channel put's work withdraws the put and raises
+        ``CommTimeoutError``)."""
         timeout = config.check_timeout(timeout)
         try:
             return self._future.result(timeout)

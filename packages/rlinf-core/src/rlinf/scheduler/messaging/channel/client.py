@@ -514,6 +514,26 @@ class ChannelClient(_Commits):
         self._abandoned.append(rid)
         return False
 
+    def withdraw(self, fut: _Reply) -> bool:
+        """Give an asynchronous request up (its caller's wait ran out) unless a reader already claimed it.
+
+        True: withdrawn (its cancel is sent, or queued: the host drops the
+        put, or puts back the items it sent); the caller settles ``fut``.
+        False: a reader claimed the put to commit it, or the connection
+        failed it; ``fut`` is settled within ``settle_limit`` seconds."""
+        with self._lock:
+            withdrawn = self._pending.pop(fut.rid, None) is not None
+            self._blocking.discard(fut.rid)
+        if withdrawn:
+            self.cancel(fut.rid)
+        return withdrawn
+
+    @property
+    def settle_limit(self) -> float:
+        """Seconds within which a claimed put's future is settled: its commit's send, then its hand-over
+        (or, if a callback holds the hand-over up, the heartbeat's declaring the connection dead)."""
+        return self._send_timeout + DEAD_AFTER_BEATS * self._beat + REPLY_GRACE
+
     def abandon(self, rid: int) -> None:
         """``cancel`` from a garbage-collection finalizer: queued, sent by the heartbeat thread."""
         self._abandoned.append(rid)

@@ -24,8 +24,28 @@ from typing import Any, Optional
 
 from ...base import config
 from ...base.errors import CommTimeoutError
+from ...transports.async_work import AsyncWork
 from .keys import key_token, show_key
 from .server import ChannelServer
+
+
+class _PutWork(AsyncWork):
+    """The AsyncWork of an asynchronous put: a ``wait(timeout)`` that runs out withdraws the put (unless
+    it was queued just before), which then fails with ``CommTimeoutError``."""
+
+    def __init__(self, fut: concurrent.futures.Future, what: str, expire):
+        super().__init__(fut, what)
+        self._expire = expire
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Wait for the put; raises ``CommTimeoutError`` once withdrawn, or the put's own error."""
+        try:
+            return super().wait(timeout)
+        except TimeoutError:
+            if self._future.done():
+                raise  # its own error
+        self._expire(timeout, True)
+        return self._future.result(0)  # the withdrawal's error, or None: queued just before it
 
 
 @dataclass
@@ -58,29 +78,32 @@ class LocalChannel:
 
     # -- plumbing ---------------------------------------------------------------
     def _finish(self, fut: concurrent.futures.Future, waiters: collections.deque, entry, async_op: bool,
-                timeout: Optional[float], what: str):
-        """Return the result (sync) or an AsyncWork; a wait that times out withdraws its request first."""
+                timeout: Optional[float], what: str, put: bool = False):
+        """Return the result (sync) or an AsyncWork; a wait that times out withdraws its request first
+        (with ``put``, so does a ``wait(t)`` of the AsyncWork that runs out)."""
         from ...transports.async_work import AsyncWork
 
-        def expire():
+        def expire(after: float, withdrawn: bool = False) -> None:
             with self._lock:
                 try:
                     waiters.remove(entry)
                 except ValueError:
                     return  # already served
-            fut.set_exception(CommTimeoutError(f"{what}: timed out waiting after {timeout:g} s", peer=self._name))
+            said = f"not finished after {after:g} s; it was withdrawn (it will not be delivered)" if withdrawn else \
+                f"timed out waiting after {after:g} s"
+            fut.set_exception(CommTimeoutError(f"{what}: {said}", peer=self._name))
 
         if async_op:
             if timeout is not None and not fut.done():
-                timer = threading.Timer(timeout, expire)
+                timer = threading.Timer(timeout, expire, (timeout,))
                 timer.daemon = True
                 timer.start()
                 fut.add_done_callback(lambda _f: timer.cancel())
-            return AsyncWork(fut, what)
+            return _PutWork(fut, what, expire) if put else AsyncWork(fut, what)
         try:
             return fut.result(timeout)  # bounded: sync operations always carry a timeout
         except concurrent.futures.TimeoutError:
-            expire()
+            expire(timeout)
             return fut.result(0)  # the timeout's exception, or the item served just before it
 
     def _progress(self, token: str) -> None:
@@ -167,7 +190,7 @@ class LocalChannel:
             self._progress(token)
         what = f"put on channel {self._name!r} key {show_key(token)}"
         if async_op or entry is None:
-            return self._finish(fut, q.putters, entry, async_op, timeout, what)
+            return self._finish(fut, q.putters, entry, async_op, timeout, what, put=True)
         record, released, done = (item, float(weight)), [False], False
         try:  # an interrupt anywhere before the commit completed withdraws the put
             self._finish(fut, q.putters, entry, async_op, timeout, what)

@@ -1,0 +1,122 @@
+"""The ``AsyncWork`` kinds a hosted channel's asynchronous operations return.
+
+``_TakeWork`` (a get): its item leaves the channel only once the user takes
+it.  ``_PutWork`` (a put): a ``wait`` that times out withdraws the put, so a
+put whose caller got an error is never delivered.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import weakref
+from typing import Any, Optional
+
+from ..base.errors import CommTimeoutError
+from ..messaging.channel.client import ChannelClient
+from ..transports.async_work import AsyncWork
+
+
+class _TakeWork(AsyncWork):
+    """The AsyncWork of a get: its item leaves the channel only when the user takes the result.
+
+    ``wait``/``await``/``then`` take it (and acknowledge it to the host); if
+    the work is dropped before that, the request is cancelled and the host
+    puts the item back at the head of its queue.
+    """
+
+    def __init__(self, raw: concurrent.futures.Future, what: str, finish, client: ChannelClient, rid: int):
+        taken = [False]
+        out: concurrent.futures.Future = concurrent.futures.Future()
+
+        def arrived(f: concurrent.futures.Future) -> None:
+            exc = f.exception()
+            if exc is not None:
+                taken[0] = True  # nothing to put back
+                out.set_exception(exc)
+                return
+            ctrl_back, items = f.result()  # done: this is its done-callback
+            if "count" not in ctrl_back:
+                taken[0] = True
+            # decoded only once the user takes it: finish() also acknowledges the item
+            out.set_result((ctrl_back, items))
+
+        super().__init__(out, what)
+        self._finish, self._taken, self._value = finish, taken, None
+        self._lock = threading.Lock()
+        weakref.finalize(self, _abandon, client, rid, taken)
+        raw.add_done_callback(arrived)
+
+    def _take(self, reply):
+        with self._lock:
+            if self._value is None:
+                self._taken[0] = True
+                self._value = (self._finish(reply),)
+            return self._value[0]
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        # timeout=None waits as long as the user asked; the host answers or is declared dead by heartbeat
+        return self._take(super().wait(timeout))
+
+    async def async_wait(self) -> Any:
+        return self._take(await super().async_wait())
+
+    def then(self, fn):
+        nxt: concurrent.futures.Future = concurrent.futures.Future()
+
+        def chain(f: concurrent.futures.Future) -> None:
+            try:
+                nxt.set_result(fn(self._take(f.result())))  # done: this is its done-callback
+            except BaseException as exc:
+                nxt.set_exception(exc)
+
+        self._future.add_done_callback(chain)
+        return AsyncWork(nxt, self._describe)
+
+
+def _abandon(client: ChannelClient, rid: int, taken: list) -> None:
+    if not taken[0]:
+        taken[0] = True
+        client.abandon(rid)
+
+
+class _PutWork(AsyncWork):
+    """The AsyncWork of an asynchronous put: done once the item is queued.
+
+    A ``wait(timeout)`` that runs out withdraws the put (the host drops it;
+    the work fails with ``CommTimeoutError`` from then on), unless a reader
+    has already claimed it to commit it: the commit's outcome, which comes
+    within ``ChannelClient.settle_limit`` seconds, is then the wait's.
+    """
+
+    def __init__(self, raw: concurrent.futures.Future, what: str, finish, client: ChannelClient):
+        out: concurrent.futures.Future = concurrent.futures.Future()
+
+        def chain(f: concurrent.futures.Future) -> None:
+            try:
+                out.set_result(finish(f.result()))  # done: this is its done-callback
+            except BaseException as exc:
+                out.set_exception(exc)
+
+        super().__init__(out, what)
+        self._raw, self._client = raw, client
+        raw.add_done_callback(chain)
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        """Wait for the put; see the class docstring.
+
+        Raises ``CommTimeoutError`` once withdrawn (its timeout ran out
+        before the host took the item), or the put's own error."""
+        try:
+            return super().wait(timeout)
+        except TimeoutError:
+            if self._future.done():
+                raise  # the put's own error (a CommTimeoutError is one too)
+        if self._client.withdraw(self._raw):
+            try:
+                self._raw.set_exception(CommTimeoutError(
+                    f"{self._describe} not finished after {timeout} s; it was withdrawn (it will not be delivered)",
+                    peer=self._client.host))
+            except concurrent.futures.InvalidStateError:
+                pass
+        return super().wait(self._client.settle_limit)  # bounded: withdrawn above, or its commit decides
