@@ -36,7 +36,10 @@ def reserve_port(host: str = "") -> tuple[socket.socket, int]:
 
     While the socket is held no other process is handed the port, yet a
     server that binds with ``SO_REUSEADDR`` (as torch's TCPStore does) can
-    still take it: no race between choosing a port and using it.
+    still take it: no race between choosing a port and using it.  Another
+    local user's server could take it the same way, and listen first; that
+    only concerns the user's own TCPStore, which authenticates nobody anyway
+    (docs/security.md).
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
