@@ -37,8 +37,12 @@ Why a put's outcome is what its caller was told:
   Interrupts land only in the main thread, so only its own thread commits a
   main-thread put; an interrupt that lands after the commit was handed over
   is like one that lands just after the call returned.
-* *No queue goes past maxsize.*  A put taken holds its place (counted against
-  ``maxsize``) from the take until it is committed or dropped.
+* *No put takes a queue past maxsize.*  A put taken holds its place (counted
+  against ``maxsize``) from the take until it is committed or dropped.  An
+  item handed to a consumer that then gave it up (cancelled, lost, timed out)
+  goes back to the head of its queue even when that takes the queue past
+  ``maxsize`` for a while: items in flight do not count toward the room, or
+  every producer would wait for the consumer's acknowledgement.
 
 Commits are batched, which is what keeps the host near one message per put:
 the client's reading thread commits every put reply it reads in one burst
