@@ -151,6 +151,7 @@ class ChannelClient(_Commits):
         (the next operation connects afresh; the host puts back the items it
         had sent)."""
         batch: list = []
+        state = [False, False]  # the batch's commit sent, the batch settled
         try:
             try:
                 _raw, frames = self._link.recv(deadline)
@@ -160,11 +161,11 @@ class ChannelClient(_Commits):
                     if msg is None:
                         break
                     self._route(msg[1], batch)
-            except BaseException:
-                self._drop_batch(batch)  # nothing committed: the connection is given up below, the host drops them
-                raise
-            if batch:
-                self._commit_batch(batch)
+                if batch:
+                    self._commit_batch(batch, state)
+            finally:
+                if batch and not state[1]:  # cut short: the connection is given up below
+                    self._settle_batch(batch, state[0])
             return True
         except TimeoutError:
             if self._dead is None and self._link.is_open():
@@ -386,7 +387,8 @@ class ChannelClient(_Commits):
         """Fail every pending operation with ``PeerDiedError``, and settle now the asynchronous puts whose
         commit has been decided (a committed one succeeds: its item will be delivered), whether or not the
         background reader would still hand them over.  A put whose commit is being sent is left to the
-        thread sending it (``_commit_batch`` settles it, seeing the connection dead)."""
+        thread sending it (``_commit_batch`` settles it, seeing the connection dead, or
+        ``_settle_batch`` if an interrupt cut that short)."""
         with self._lock:
             self._dead = self._dead or reason
             pending, self._pending = self._pending, {}

@@ -70,23 +70,22 @@ class _Commits:
         me = threading.get_ident()
         return fut.owner == me or (fut.owner != _MAIN and me != _MAIN)
 
-    def _commit_batch(self, batch: list) -> None:
+    def _commit_batch(self, batch: list, state: list) -> None:
         """Commit the put replies a reader claimed in one burst, with one message, then hand them over.
 
         ``batch``: ``(rid, future, ctrl, frames, blocking)``.  A blocking
         call's future gets its reply (or the commit's error); an
-        asynchronous one's reply is queued for the background reader.  An
-        interrupt fails the blocking ones still waiting (the connection is
-        given up, so the host drops what was not committed) and is raised."""
+        asynchronous one's outcome is decided and its reply queued for the
+        background reader.  ``state``: ``[commit sent, all settled]``, set
+        here as they come true; an interrupt is raised, and the reader then
+        settles what this left (``_settle_batch``)."""
         ids = [b[0] for b in batch]
         failed: Optional[Callable[[], Exception]] = None
         try:
             self._send_commits(ids)
+            state[0] = True
         except Exception as exc:
             failed = _again(exc)
-        except BaseException:
-            self._drop_batch(batch)
-            raise
         queued, now = False, []
         with self._lock:  # decided under the lock ``_fail_all`` takes: if it has run, no hand-over will come
             dead = self._dead is not None
@@ -105,17 +104,27 @@ class _Commits:
                 _settle(fut, result=(ctrl, frames)) if failed is None else _settle(fut, exc=failed())
         for fut in now:
             _settle_decided(fut)
+        state[1] = True
         if queued:
             self._nudge()
 
-    def _drop_batch(self, batch: list) -> None:
-        """The read that claimed ``batch`` failed before its commit went out: its puts fail (the
-        connection is given up, so the host drops them)."""
-        for rid, fut, _ctrl, _frames, blocking in batch:
+    def _settle_batch(self, batch: list, sent: bool) -> None:
+        """Settle the puts a reader's burst left unsettled: its read failed, or an interrupt cut its
+        commit short (the connection is then given up).  They succeed if the commit was ``sent``, and
+        otherwise fail (the host drops them), so none is left pending for good."""
+        for rid, fut, ctrl, frames, blocking in batch:
             if not blocking:
                 with self._lock:
-                    self._claimed.pop(rid, None)
-            _settle(fut, exc=PeerDiedError(self._dead or f"{self._connection()} was lost", peer=self.host))
+                    left = self._claimed.get(rid) is fut and fut.outcome is None  # else decided: settled elsewhere
+                    if left:
+                        del self._claimed[rid]
+                if not left:
+                    continue
+            if sent:
+                fut.committed = True
+                _settle(fut, result=(ctrl, frames))
+            else:
+                _settle(fut, exc=PeerDiedError(self._dead or f"{self._connection()} was lost", peer=self.host))
 
     def _commit_if_put(self, fut: _Reply, ctrl: dict) -> None:
         """Commit a put its caller's own thread got uncommitted, before the caller hears that it succeeded.
