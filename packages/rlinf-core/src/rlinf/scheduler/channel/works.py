@@ -99,7 +99,7 @@ class _PutWork(AsyncWork):
                 out.set_exception(exc)
 
         super().__init__(out, what)
-        self._raw, self._client = raw, client
+        self._raw, self._client, self._finish = raw, client, finish
         raw.add_done_callback(chain)
 
     def wait(self, timeout: Optional[float] = None) -> Any:
@@ -112,11 +112,13 @@ class _PutWork(AsyncWork):
         except TimeoutError:
             if self._future.done():
                 raise  # the put's own error (a CommTimeoutError is one too)
-        if self._client.withdraw(self._raw):
-            try:
-                self._raw.set_exception(CommTimeoutError(
-                    f"{self._describe} not finished after {timeout} s; it was withdrawn (it will not be delivered)",
-                    peer=self._client.host))
-            except concurrent.futures.InvalidStateError:
-                pass
-        return super().wait(self._client.settle_limit)  # bounded: withdrawn above, or its commit decides
+        self._client.withdraw(self._raw, CommTimeoutError(
+            f"{self._describe} not finished after {timeout} s; it was withdrawn (it will not be delivered)",
+            peer=self._client.host))
+        try:
+            return super().wait(self._client.settle_limit)  # bounded: withdrawn above, or its commit decides
+        except TimeoutError:
+            outcome = self._raw.outcome  # its commit decided, its hand-over held up behind slow callbacks
+            if self._future.done() or outcome is None or outcome[1] is not None:
+                raise
+            return self._finish(outcome[0])

@@ -58,7 +58,7 @@ from typing import Optional
 
 from ...base.errors import CommunicationError, PeerDiedError
 from ...plugins.transport import Link, LinkBusy
-from .commits import BURST, _Commits, _Reply, _settle_decided
+from .commits import BURST, _Commits, _Reply, _settle, _settle_decided
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
 
 #: seconds a client waits beyond an operation's own timeout for the host's reply
@@ -195,15 +195,17 @@ class ChannelClient(_Commits):
                 return  # a reply to a request given up; the cancel sent for it makes the host put its items back
             blocking = rid in self._blocking
             commit = self._may_commit(fut, blocking, ctrl)
+            if commit:  # first: an interrupt from here on leaves it to _settle_batch (claimed) or _fail_all (pending)
+                batch.append((rid, fut, ctrl, frames[1:], blocking))
             if blocking or commit:
-                del self._pending[rid]
-                self._blocking.discard(rid)
-                fut.claimed = commit
                 if not blocking:
                     self._claimed[rid] = fut  # no longer fails with the connection: its commit decides
+                del self._pending[rid]  # (no call between these: no interrupt lands between them)
+                fut.claimed = commit
+                self._blocking.discard(rid)
         if commit:
-            batch.append((rid, fut, ctrl, frames[1:], blocking))
-        elif blocking:
+            return  # its commit is sent with the batch (``_commit_batch``)
+        if blocking:
             if not fut.done():
                 fut.set_result((ctrl, frames[1:]))
         else:
@@ -516,7 +518,7 @@ class ChannelClient(_Commits):
         self._abandoned.append(rid)
         return False
 
-    def withdraw(self, fut: _Reply) -> bool:
+    def withdraw(self, fut: _Reply, error: Exception) -> bool:
         """Give an asynchronous request up (its caller's wait ran out) unless a reader already claimed it.
 
         True: withdrawn (its cancel is sent, or queued: the host drops the
@@ -526,8 +528,11 @@ class ChannelClient(_Commits):
         with self._lock:
             withdrawn = self._pending.pop(fut.rid, None) is not None
             self._blocking.discard(fut.rid)
+            if withdrawn:
+                self._abandoned.append(fut.rid)  # its cancel: sent below, or by the next request or heartbeat tick
         if withdrawn:
-            self.cancel(fut.rid)
+            _settle(fut, exc=error)  # its cancel goes with the next request or heartbeat tick (0.2 s), not here:
+            #                          a send may wait for the link, and an interrupt there must not lose it
         return withdrawn
 
     @property

@@ -86,7 +86,7 @@ class _Commits:
             state[0] = True
         except Exception as exc:
             failed = _again(exc)
-        queued, now = False, []
+        queued = False
         with self._lock:  # decided under the lock ``_fail_all`` takes: if it has run, no hand-over will come
             dead = self._dead is not None
             for rid, fut, ctrl, frames, blocking in batch:
@@ -94,16 +94,14 @@ class _Commits:
                 if blocking:
                     continue
                 fut.outcome = ((ctrl, frames), None if failed is None else failed())
-                if dead:
-                    now.append(self._claimed.pop(rid, fut))
-                else:
+                if not dead:
                     self._replies.append((rid, ctrl, frames, fut.outcome[1]))
                     queued = True
         for rid, fut, ctrl, frames, blocking in batch:
             if blocking:
                 _settle(fut, result=(ctrl, frames)) if failed is None else _settle(fut, exc=failed())
-        for fut in now:
-            _settle_decided(fut)
+        if dead:  # no hand-over will come: settle the decided puts still claimed (an interrupt leaves them claimed)
+            self._fail_all(self._dead)
         state[1] = True
         if queued:
             self._nudge()

@@ -45,7 +45,7 @@ class _PutWork(AsyncWork):
             if self._future.done():
                 raise  # its own error
         self._expire(timeout, True)
-        return self._future.result(0)  # the withdrawal's error, or None: queued just before it
+        return self._future.result(1.0)  # the withdrawal's error (set just after by whichever expire removed it), or None
 
 
 @dataclass
@@ -168,8 +168,8 @@ class LocalChannel:
                         if queued is record:
                             del q.items[i]
                             break
-                elif fut.done() and fut.exception() is None:
-                    q.held -= 1  # served: the place it held is free again
+                elif entry[3] and fut.done() and fut.exception() is None:
+                    q.held -= 1  # served: the place it held is free again (an async one's item is already queued)
             self._progress(token)
 
     # -- operations -------------------------------------------------------------
@@ -178,26 +178,27 @@ class LocalChannel:
         token = key_token(key)
         timeout = None if async_op and timeout is None else config.resolve_timeout(timeout)
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:
-            q = self._queues.setdefault(token, _Queue())
-            if self._has_room(q) and not q.putters:
-                q.items.append((item, float(weight)))
-                fut.set_result(None)
-                entry = None
-            else:
-                entry = (fut, item, float(weight), not async_op)
-                q.putters.append(entry)
-            self._progress(token)
         what = f"put on channel {self._name!r} key {show_key(token)}"
-        if async_op or entry is None:
-            return self._finish(fut, q.putters, entry, async_op, timeout, what, put=True)
-        record, released, done = (item, float(weight)), [False], False
-        try:  # an interrupt anywhere before the commit completed withdraws the put
+        record, released, done, entry = (item, float(weight)), [False], False, None
+        try:  # an interrupt anywhere after it parked and before its commit completed withdraws the put
+            with self._lock:
+                q = self._queues.setdefault(token, _Queue())
+                if self._has_room(q) and not q.putters:
+                    q.items.append(record)
+                    fut.set_result(None)
+                else:
+                    entry = (fut, item, record[1], not async_op)
+                    q.putters.append(entry)
+                self._progress(token)
+            if async_op or entry is None:
+                work = self._finish(fut, q.putters, entry, async_op, timeout, what, put=True)
+                done = True
+                return work
             self._finish(fut, q.putters, entry, async_op, timeout, what)
             self._commit(token, q, record, released)
             done = True
         finally:
-            if not done:
+            if not done and entry is not None:
                 self._withdraw(token, q, entry, fut, record, released)
 
     def put_nowait(self, item: Any, weight: float = 0, key: Any = "default_queue") -> None:
