@@ -309,8 +309,10 @@ class Channel:
             async_op: return an ``AsyncWork`` at once instead of waiting.
             timeout: seconds to wait; ``None``: the configured default
                 (``RLINF_TIMEOUT``; with ``async_op``, the work's ``wait`` bounds it:
-                a ``wait(t)`` that runs out withdraws the put, which then raises
-                ``CommTimeoutError`` and is never delivered).
+                a ``wait(t)`` on that work that runs out withdraws the put, which
+                then raises ``CommTimeoutError`` and is never delivered; a wait on
+                ``then(...)`` of it, ``gather`` or ``asyncio.wait_for`` only stops
+                waiting, and the put may still be delivered).
 
         Returns ``None``, or with ``async_op`` an ``AsyncWork`` done once the item is queued.
 
