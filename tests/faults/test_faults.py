@@ -21,11 +21,34 @@ from rlinf.scheduler import (
 from p2p_helpers import Peer, process_alive, run_on, ship
 
 
-def _gone(pids, within=15.0):
+def _gone(pids, within=60.0):
+    """True once every one of ``pids`` has ended; False, with what is still running printed, after ``within`` s.
+
+    A worker stopped through Ray ends about 0.1 s after ``stop()`` here; Ray's kill is asynchronous, and
+    on a loaded machine whose cluster has just started it once took over 15 s. A process left behind
+    for good still fails: the bound only gives Ray's kill room on a slow machine.
+    """
     deadline = time.monotonic() + within
     while time.monotonic() < deadline and any(process_alive(p) for p in pids):
         time.sleep(0.1)
-    return not any(process_alive(p) for p in pids)
+    alive = [p for p in pids if process_alive(p)]
+    for p in alive:
+        print(f"still running after {within:.0f} s: {_describe(p)}")
+    return not alive
+
+
+def _describe(pid) -> str:
+    """What /proc says about ``pid``: state, parent, where it sleeps in the kernel, its command line."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+        return f"pid {pid} state {fields[0]} ppid {fields[1]} wchan {wchan} threads {fields[17]}: {cmdline}"
+    except OSError as exc:
+        return f"pid {pid}: {exc}"
 
 
 def resources(pid) -> dict:
