@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from ..plugins.transport import Link
+from ..plugins.transport import Link, LinkClosed
 from .cpu_link_receive import _Receiving
 from .cpu_link_send import SEND_NOW_MAX, _Sending
 from .cpu_read_ahead import _reader, _ReadAhead
@@ -144,6 +144,8 @@ class SocketLink(_Sending, _Receiving, _ReadAhead, Link):
             pass
         if self._ahead_cond is not None:
             with self._ahead_cond:
+                if self._ahead_error is None:  # ends a receive waiting on it, once what was read is taken
+                    self._ahead_error = LinkClosed("the connection is unusable: closed")
                 self._ahead_cond.notify_all()
         fds, self._fds = self._fds, []
         for fd in fds:
