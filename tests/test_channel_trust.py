@@ -340,6 +340,87 @@ def test_an_async_put_on_a_local_channel_whose_wait_timed_out_is_not_delivered()
         ch.get(timeout=0.5)
 
 
+def test_a_commit_read_but_not_yet_handled_when_its_tcp_client_is_dropped_is_applied(host, monkeypatch):
+    """On TCP the host reads each client on a thread of its own, which queues what it read for the
+    loop.  If the loop drops the client (its heartbeat check, a send deadline) while the client's
+    commit waits in that queue, the put its caller was told succeeded must still be delivered: it
+    used to be dropped with the connection.  The test holds the host's loop right after it answered
+    the put, until the commit is queued, then drops the client as the heartbeat check does."""
+    from rlinf.scheduler.messaging.channel.protocol import control
+    from rlinf.scheduler.transports.cpu_transport import LOCAL_ENV
+
+    monkeypatch.setenv(LOCAL_ENV, "0")  # TCP, as from another node
+    h = host("trust_inbox_commit")
+    producer, consumer = h.client("producer"), h.client("consumer")
+    server = h.server
+    handle, flush = server._handle, server._flush_all
+    seen = {}
+
+    def queued_commit(conn):
+        return any(fn == server._on_message and args[0] is conn and control(args[1][0]).get("op") == "commit"
+                   for fn, args in list(server._inbox))
+
+    def handle_and_note(conn, ctrl, item):
+        handle(conn, ctrl, item)
+        if conn.name == "producer" and ctrl.get("op") == "put":
+            seen.setdefault("conn", conn)
+
+    def flush_then_drop():  # on the loop, once the put's answer is out
+        flush()
+        conn = seen.get("conn")
+        if conn is not None and "dropped" not in seen:
+            end = time.monotonic() + 5
+            while not queued_commit(conn) and time.monotonic() < end:
+                time.sleep(0.01)
+            seen["commit queued"] = queued_commit(conn)
+            server._lost(conn)
+            seen["dropped"] = True
+
+    monkeypatch.setattr(server, "_handle", handle_and_note)
+    monkeypatch.setattr(server, "_flush_all", flush_then_drop)
+    _put(producer, "k", "item")  # returns once its commit is sent: the caller is told it succeeded
+    _wait_for(lambda: "dropped" in seen, 5, "the drop")
+    assert seen["commit queued"], "the commit was not waiting in the loop's queue when the client was dropped"
+    assert _get(consumer, "k", 2.0) == "item"
+
+
+def test_a_host_drops_silent_tcp_clients_without_keeping_a_thread_for_each(host, monkeypatch):
+    """Connections that authenticate and then say nothing (a hung or partitioned client) are dropped by
+    the host's heartbeat check.  On TCP the host reads each one on a thread of its own, blocked in a
+    receive that the drop must end: it used to wait on for good, one thread (and its link) kept per
+    client ever dropped."""
+    import json
+
+    from rlinf.scheduler.transports.cpu_transport import LOCAL_ENV, CpuTransport
+
+    monkeypatch.setenv(LOCAL_ENV, "0")  # TCP, as from another node
+    h = host("trust_silent_tcp")
+    prefix = "rlinf-channel-trust_silent_tcp-client"
+
+    def readers():
+        return sum(t.name == prefix for t in threading.enumerate())
+
+    hello = json.dumps({"service": "channel", "channel": h.name, "client": "silent"}).encode()
+    transport = CpuTransport()
+    links = [transport.connect(h.endpoint, hello, time.monotonic() + 10) for _ in range(5)]
+    _wait_for(lambda: readers() == 5, 5, "a reader thread for each connection")
+    # heartbeat 0.2 s: each is dropped after 1 s unheard; its reader thread must then end
+    _wait_for(lambda: readers() == 0, 8, "the dropped connections' reader threads ending")
+    assert all(_closed_by_host(link) for link in links)
+    transport.close()
+
+
+def _closed_by_host(link) -> bool:
+    """The host closed its end: a receive on ours ends at once instead of waiting."""
+    try:
+        link.recv(time.monotonic() + 2)
+    except ConnectionError:
+        return True
+    except TimeoutError:
+        return False
+    return False
+
+
 def _produce(record_file, name):
     """The producer program: put item-2 on channel ``name`` through this process's own connection."""
     from rlinf.scheduler.channel import channel as channel_module

@@ -203,6 +203,7 @@ class ChannelServer(_KeyQueues):
             except Exception:
                 self._post(self._lost, conn)
                 return
+            conn.last_heard = time.monotonic()  # heard now, though the loop handles it later (_check_connections)
             self._post(self._on_message, conn, frames)
 
     def _read(self, conn: _Conn) -> None:
@@ -266,21 +267,34 @@ class ChannelServer(_KeyQueues):
 
     def _read_commits(self, conn: _Conn) -> None:
         """Apply the commits and acks a dropped client sent before it went (whole messages already
-        here, on links the loop reads): a put its caller was told succeeded is not dropped with it."""
-        if conn.fd is None:
-            return  # its reader thread hands over, in order, whatever arrived before the link failed
-        for _ in range(1024):  # bounded: a client does not send more than this after its last reply
+        here: in the link's buffer, or, for a link its own thread reads, in the loop's inbox): a put
+        its caller was told succeeded is not dropped with it."""
+        if conn.fd is None:  # read by a thread of its own: what it read waits in the inbox (the link is closed next)
+            messages = [args[1] for fn, args in list(self._inbox) if fn == self._on_message and args[0] is conn]
+        else:
+            messages = self._whole_messages(conn)
+        for frames in messages:
             try:
-                msg = conn.link.recv_nowait()
-                if msg is None:
-                    return
-                ctrl = control(msg[1][0])
+                ctrl = control(frames[0])
             except Exception:
                 return
             op = ctrl.get("op")
             self._acked(conn, ctrl.get("ids", ()) if op == "ack" else ctrl.get("acks", ()))
             if op == "commit":
                 self._commit(conn, ctrl.get("ids", ()))
+
+    @staticmethod
+    def _whole_messages(conn: _Conn) -> list:
+        out = []
+        for _ in range(1024):  # bounded: a client does not send more than this after its last reply
+            try:
+                msg = conn.link.recv_nowait()
+            except Exception:
+                break
+            if msg is None:
+                break
+            out.append(msg[1])
+        return out
 
     def _acked(self, conn: _Conn, ids) -> None:
         for i in ids:
