@@ -340,6 +340,51 @@ def test_an_async_put_on_a_local_channel_whose_wait_timed_out_is_not_delivered()
         ch.get(timeout=0.5)
 
 
+def test_an_untaken_async_get_on_a_local_channel_gives_its_items_back():
+    """The in-process channel keeps the hosted channel's rule for gets: an async get's items leave the
+    channel only when the user takes them.  A work dropped untaken puts what it was served back at the
+    head (in order, with their weights), or withdraws the get if nothing came yet; it used to lose them."""
+    import gc
+
+    ch = Channel.create("trust_local_untaken", local=True)
+    work = ch.get(async_op=True)
+    ch.put("first", timeout=1)
+    ch.put("second", timeout=1)
+    assert work.done()
+    del work
+    gc.collect()
+    assert [ch.get(timeout=1), ch.get(timeout=1)] == ["first", "second"]
+
+    work = ch.get(async_op=True)  # dropped before anything came: withdrawn, it takes nothing later
+    del work
+    gc.collect()
+    ch.put("third", timeout=1)
+    assert ch.get(timeout=1) == "third"
+
+    work = ch.get_batch(2, async_op=True)
+    ch.put("a", weight=1, timeout=1)
+    ch.put("b", weight=1, timeout=1)
+    ch.put("c", weight=1, timeout=1)
+    assert work.done()
+    del work
+    gc.collect()
+    assert ch.get_batch(2, timeout=1) == ["a", "b"]  # back with their weights
+    assert ch.get(timeout=1) == "c"
+
+    work = ch.get(async_op=True)  # taken: gone for good
+    ch.put("fourth", timeout=1)
+    assert work.wait(1) == "fourth"
+    del work
+    gc.collect()
+    assert ch.qsize() == 0
+
+    work = ch.get(async_op=True)  # a wait that runs out leaves the get waiting, as on a hosted channel
+    with pytest.raises(TimeoutError):
+        work.wait(0.1)
+    ch.put("fifth", timeout=1)
+    assert work.wait(1) == "fifth"
+
+
 def test_a_commit_read_but_not_yet_handled_when_its_tcp_client_is_dropped_is_applied(host, monkeypatch):
     """On TCP the host reads each client on a thread of its own, which queues what it read for the
     loop.  If the loop drops the client (its heartbeat check, a send deadline) while the client's

@@ -19,6 +19,7 @@ import asyncio
 import collections
 import concurrent.futures
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -46,6 +47,45 @@ class _PutWork(AsyncWork):
                 raise  # its own error
         self._expire(timeout, True)
         return self._future.result(1.0)  # the withdrawal's error (set just after by whichever expire removed it), or None
+
+
+class _TakeWork(AsyncWork):
+    """The AsyncWork of an asynchronous get: its items leave the channel only once the user takes them
+    (``wait``, ``await``, ``then``); if the work is dropped before that, the get is withdrawn, or the
+    items it was served go back to the head of the queue, as on a hosted channel."""
+
+    def __init__(self, fut: concurrent.futures.Future, what: str, unpack, give_back):
+        super().__init__(fut, what)
+        self._unpack = unpack
+        self._taken = [False]
+        weakref.finalize(self, _untaken, give_back, self._taken)
+
+    def _take(self, records):
+        self._taken[0] = True
+        return self._unpack(records)
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        return self._take(super().wait(timeout))
+
+    async def async_wait(self) -> Any:
+        return self._take(await super().async_wait())
+
+    def then(self, fn):
+        return super().then(lambda records: fn(self._take(records)))
+
+
+def _untaken(give_back, taken: list) -> None:
+    if not taken[0]:
+        taken[0] = True
+        give_back()
+
+
+def _first_item(records: list) -> Any:
+    return records[0][0]
+
+
+def _items(records: list) -> list:
+    return [item for item, _ in records]
 
 
 @dataclass
@@ -128,14 +168,14 @@ class LocalChannel:
                 fut, target = entry
                 if target is None:
                     q.getters.remove(entry)
-                    fut.set_result(q.items.popleft()[0])
+                    fut.set_result([q.items.popleft()])  # records (item, weight): a get given up puts them back
                     progressed = True
                 else:
                     full = bool(self._maxsize) and len(q.items) >= self._maxsize
                     batch = ChannelServer._take_batch(q, target, full)
                     if batch is not None:
                         q.getters.remove(entry)
-                        fut.set_result([item for item, _ in batch])
+                        fut.set_result(batch)
                         progressed = True
         if not q.items and not q.getters and not q.putters and not q.held:
             del self._queues[token]
@@ -243,7 +283,35 @@ class LocalChannel:
             q.getters.append(entry)
             self._progress(token)
         op = "get" if target is None else "get_batch"
-        return self._finish(fut, q.getters, entry, async_op, timeout, f"{op} on channel {self._name!r} key {show_key(token)}")
+        what = f"{op} on channel {self._name!r} key {show_key(token)}"
+        unpack = _first_item if target is None else _items
+
+        def give_back() -> None:
+            self._give_back(token, q, entry, fut)
+
+        if async_op:
+            self._finish(fut, q.getters, entry, async_op, timeout, what)  # starts its timer, if it has a timeout
+            return _TakeWork(fut, what, unpack, give_back)
+        taken = False
+        try:  # an interrupt before the records are taken gives them back (or withdraws the get)
+            records = self._finish(fut, q.getters, entry, async_op, timeout, what)
+            taken = True
+        finally:
+            if not taken:
+                give_back()
+        return unpack(records)
+
+    def _give_back(self, token: str, q: _Queue, entry, fut: concurrent.futures.Future) -> None:
+        """A get given up (interrupted, or its work dropped untaken): withdraw it if it still waits, or
+        put what it was served back at the head of the queue (at-least-once, as on a hosted channel)."""
+        with self._lock:
+            try:
+                q.getters.remove(entry)
+            except ValueError:  # served, or expired
+                if fut.done() and fut.exception() is None:
+                    q = self._queues.setdefault(token, q)  # the same queue, unless it was emptied and forgotten
+                    q.items.extendleft(reversed(fut.result()))
+            self._progress(token)
 
     def qsize(self, key: Any = "default_queue") -> int:
         with self._lock:
