@@ -52,29 +52,70 @@ def _async_put(client, key, item):
 
 
 @pytest.mark.parametrize("where", ["fut.claimed = commit", "return  # its commit is sent with the batch"])
-def test_an_interrupt_while_routing_a_claimed_put_settles_it(host, where):
-    """The main thread reads for its own get and routes another thread's async put reply: an interrupt
-    as the put changes hands (taken from the pending ones, given to the commit batch) still settles it,
-    and it is delivered exactly when it succeeded."""
+def test_an_interrupt_while_routing_its_own_claimed_put_fails_it_undelivered(host, where):
+    """The main thread reads the reply to its own blocking put and claims it for a commit: an interrupt
+    as the put changes hands (taken from the pending ones, given to the commit batch) fails the put
+    before its commit went out, so the host drops it, and the connection given up leaves nothing
+    pending."""
     h = host("interrupt_route")
     producer, consumer = h.client("producer"), h.client("consumer")
     line = _line(client_module, "_route", where)
     tracer, fired = _interrupt_once(client_module, "_route", line,
-                                    lambda frame: frame.f_locals.get("commit") and not frame.f_locals.get("blocking"))
-    _, mine = producer.request({"op": "get", "key": "z", "timeout": 3.0}, (), blocking=True)
-    puts = []
-    threading.Timer(0.3, lambda: puts.append(_async_put(producer, "k", "item"))).start()
+                                    lambda frame: frame.f_locals.get("commit") and frame.f_locals.get("blocking"))
+    _, fut = producer.request({"op": "put", "key": "k", "weight": 0.0, "timeout": 3.0}, _frames("item"), blocking=True)
     sys.settrace(tracer)
     try:
         with pytest.raises(KeyboardInterrupt):
-            producer.wait_reply(mine, 5)
+            producer.wait_reply(fut, 5)
     finally:
         sys.settrace(None)
     assert fired, f"line {line} of _route was not reached"
-    _wait_for(lambda: puts and puts[0].done(), 5, "the put's settling")  # not left pending for ever
-    failed = puts[0].exception(0)
-    delivered = _get(consumer, "k", 1.0)
-    assert delivered == (("error", "Timeout") if failed else "item"), (failed, delivered)
+    assert fut.done() and fut.exception(0) is not None  # settled, failed: its commit never went out
+    assert _get(consumer, "k", 1.0) == ("error", "Timeout")
+
+
+def test_the_main_thread_never_commits_another_threads_blocking_put(host):
+    """The main thread reads while it waits for its own get, and so reads the reply to another thread's
+    blocking put.  It leaves that put's commit to the put's own caller, a thread no interrupt reaches:
+    with an interrupt landed right after any commit the main thread sends, the put still succeeds and
+    is delivered once."""
+    from rlinf.scheduler.messaging.channel import commits as commits_module
+
+    h = host("interrupt_foreign")
+    producer, consumer = h.client("producer"), h.client("consumer")
+    line = _line(commits_module, "_commit_batch", "state[0] = True")
+    main = threading.main_thread().ident
+    foreign = []  # commits the main thread sent of puts it did not make
+
+    def when(frame):
+        theirs = [b[0] for b in frame.f_locals["batch"] if b[4] and b[1].owner != main]
+        foreign.extend(theirs)
+        return bool(theirs)
+
+    tracer, fired = _interrupt_once(commits_module, "_commit_batch", line, when)
+    _, mine = producer.request({"op": "get", "key": "z", "timeout": 2.0}, (), blocking=True)
+    outcome = []
+
+    def put():
+        try:
+            _put(producer, "k", "item")
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    threading.Timer(0.3, put).start()
+    sys.settrace(tracer)
+    try:
+        producer.wait_reply(mine, 5)
+    except KeyboardInterrupt:
+        pass  # the main thread committed another call's put, and the interrupt landed just after
+    finally:
+        sys.settrace(None)
+    _wait_for(lambda: outcome, 8, "the put's settling")  # not left pending for ever
+    delivered = _get(consumer, "k", 2.0)
+    assert (outcome, delivered) == ([None], "item"), "the put failed although delivered, or the reverse"
+    assert _get(consumer, "k", 0.3) == ("error", "Timeout")  # delivered once
+    assert not foreign, f"the main thread sent the commit of another call's put (request ids {foreign})"
 
 
 def test_an_interrupt_while_withdrawing_a_put_settles_it_and_frees_its_place(host, monkeypatch):
@@ -158,6 +199,31 @@ def test_an_interrupt_just_after_a_local_put_parked_withdraws_it():
     assert ch.get(timeout=2) == "x1"
     ch.put("x3", timeout=1)  # x2 does not hold the place
     assert ch.get(timeout=1) == "x3"
+    assert ch.qsize() == 0
+
+
+@pytest.mark.parametrize("where", ["waiting", "served"])
+def test_an_interrupted_local_get_loses_no_item(where):
+    """The in-process channel: an interrupt lands in a blocking get while it waits, or just after it
+    was served.  The get raised, so its item stays in the channel (at the head) for the next get: the
+    waiting get used to stay registered and swallow the next item put."""
+    ch = Channel.create(f"interrupt_local_get_{where}", local=True)
+    if where == "waiting":
+        func, line = "_finish", _line(local_module, "_finish", "return fut.result(timeout)")
+    else:
+        ch.put("x0", timeout=1)
+        func, line = "_get", _line(local_module, "_get", "taken = True")
+    tracer, fired = _interrupt_once(local_module, func, line)
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ch.get(timeout=5)
+    finally:
+        sys.settrace(None)
+    assert fired, f"line {line} of {func} was not reached"
+    ch.put("x1", timeout=1)
+    expected = ["x1"] if where == "waiting" else ["x0", "x1"]
+    assert [ch.get(timeout=1) for _ in expected] == expected
     assert ch.qsize() == 0
 
 
