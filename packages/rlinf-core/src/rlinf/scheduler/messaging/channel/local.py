@@ -10,7 +10,10 @@ As on a hosted channel, a put whose caller got an error did not happen: a
 blocking put that waited for room and is then interrupted (or times out) is
 withdrawn, even if room was made for it just before.  Its item holds that
 place unseen until its caller is about to return (as a hosted channel's
-item waits for its producer's commit).
+item waits for its producer's commit).  A get given up takes nothing: a
+blocking get that raised (interrupted, timed out) is withdrawn, or puts what
+it was served back at the head of its queue, and an asynchronous get's items
+leave the channel only when the user takes them from its work.
 """
 
 from __future__ import annotations
