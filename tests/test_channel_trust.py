@@ -429,6 +429,98 @@ def test_a_commit_read_but_not_yet_handled_when_its_tcp_client_is_dropped_is_app
     assert _get(consumer, "k", 2.0) == "item"
 
 
+class _Intercepted:
+    """A host-side connection's link whose receives go through ``on_commit(raw, frames)`` when they
+    bring a commit: the reader thread of that connection then runs the test's code."""
+
+    def __init__(self, link, on_commit):
+        self._link, self._on_commit = link, on_commit
+
+    def __getattr__(self, name):
+        return getattr(self._link, name)
+
+    def recv(self, deadline):
+        from rlinf.scheduler.messaging.channel.protocol import control
+
+        raw, frames = self._link.recv(deadline)
+        if control(frames[0]).get("op") == "commit":
+            self._on_commit()
+        return raw, frames
+
+
+def _intercept_commits(server, client_name, on_commit):
+    """Route the host's receives on ``client_name``'s connection through ``_Intercepted``; the connection.
+
+    The receive its reader thread waits in now is the link's own: the client's next message passes,
+    the ones after it are intercepted (a put's request, then its commit)."""
+    conn = None
+    end = time.monotonic() + 5
+    while conn is None and time.monotonic() < end:
+        conn = next((c for c in server._ask(lambda: list(server._conns)) if c.name == client_name), None)
+    assert conn is not None, f"no connection of {client_name} on the host"
+    conn.link = _Intercepted(conn.link, lambda: on_commit(conn))
+    return conn
+
+
+def test_a_commit_still_with_the_reader_thread_when_its_tcp_client_is_dropped_is_applied(host, monkeypatch):
+    """The same, one step earlier: the client's commit has been received by the host's reader thread
+    for that connection but not yet handed to the loop when the loop drops the client.  The dropped
+    connection drains: what its reader thread still hands over is applied, and its uncommitted puts
+    are settled once that thread has ended.  The test holds the commit in the reader thread until the
+    loop has dropped the client."""
+    from rlinf.scheduler.transports.cpu_transport import LOCAL_ENV
+
+    monkeypatch.setenv(LOCAL_ENV, "0")  # TCP, as from another node
+    h = host("trust_draining")
+    producer, consumer = h.client("producer"), h.client("consumer")
+    server = h.server
+    held = []
+
+    def hold(conn):  # on the reader thread, holding the commit: the loop drops the client (as its heartbeat check would)
+        if not held:
+            held.append(True)
+            server._post(server._lost, conn)
+            _wait_for(lambda: not conn.alive, 5, "the drop")
+
+    _intercept_commits(server, "producer", hold)
+    _put(producer, "k", "item")  # returns once its commit is sent: the caller is told it succeeded
+    _wait_for(lambda: held, 5, "the commit reaching the reader thread")
+    assert _get(consumer, "k", 2.0) == "item"
+    _wait_for(lambda: not server._ask(lambda: list(server._draining)), 5, "the dropped connection's end")
+    assert server._ask(lambda: sum(q.uncommitted for q in server._queues.values())) == 0
+
+
+def test_a_dropped_connection_whose_reader_thread_hangs_still_frees_its_places(host, monkeypatch):
+    """A link whose close does not end the receive its reader thread waits in (a transport plugin's,
+    say): the dropped connection stops draining after ``_DRAIN_LIMIT`` and its uncommitted put gives
+    its place back (``maxsize=1``), so other producers are not held for good."""
+    from rlinf.scheduler.messaging.channel import server as server_module
+    from rlinf.scheduler.transports.cpu_transport import LOCAL_ENV
+
+    monkeypatch.setenv(LOCAL_ENV, "0")
+    monkeypatch.setattr(server_module, "_DRAIN_LIMIT", 0.5)
+    h = host("trust_drain_limit", maxsize=1)
+    producer, consumer, other = h.client("producer"), h.client("consumer"), h.client("other")
+    server = h.server
+    release = threading.Event()
+
+    def hang(conn):  # the commit never reaches the loop: drop the client, then hang until the test ends
+        server._post(server._lost, conn)
+        release.wait(20)
+        raise ConnectionError("released")
+
+    _intercept_commits(server, "producer", hang)
+    try:
+        _put(producer, "k", "held")  # taken, committed by the client; the commit never reaches the loop
+        begin = time.monotonic()
+        _put(other, "k", "next", timeout=5.0)  # waits for the place the dropped put held
+        waited = time.monotonic() - begin
+        assert waited < 3.0, waited
+        assert _get(consumer, "k", 1.0) == "next"
+    finally:
+        release.set()
+
+
 def test_a_host_drops_silent_tcp_clients_without_keeping_a_thread_for_each(host, monkeypatch):
     """Connections that authenticate and then say nothing (a hung or partitioned client) are dropped by
     the host's heartbeat check.  On TCP the host reads each one on a thread of its own, blocked in a

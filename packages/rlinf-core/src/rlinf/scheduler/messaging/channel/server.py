@@ -83,6 +83,8 @@ DEFAULT_SENDERS = 4
 _READ_BURST = 32
 #: seconds between checks for silent and congested connections
 _CHECK_EVERY = 0.25
+#: seconds a dropped connection read by a thread of its own waits for that thread's last messages
+_DRAIN_LIMIT = 5.0
 
 
 class _Conn:
@@ -109,6 +111,8 @@ class _Conn:
         self.outbox: collections.deque = collections.deque()  # (control, frames), in order
         self.scheduled = False  # a sender owns the outbox, or the loop waits for the socket to drain
         self.congested_since: Optional[float] = None  # loop: when the socket was found full
+        #: loop: dropped, until when its reader thread's last messages are awaited (see ``_lost``)
+        self.draining: Optional[float] = None
         self._pollout = None
         if self.fd is not None:
             self._pollout = select.poll()
@@ -125,6 +129,7 @@ class ChannelServer(_KeyQueues):
         self.maxsize = maxsize
         self._queues: dict[str, _Queue] = {}
         self._conns: set = set()
+        self._draining: set = set()  # dropped connections whose reader thread has not ended yet
         self._blocks = _BlockPool()
         self._send_timeout = send_timeout()
         self._beat = heartbeat_interval()
@@ -201,7 +206,7 @@ class ChannelServer(_KeyQueues):
                 # no deadline: a silent client is closed by the loop's heartbeat check, which ends this wait
                 _raw, frames = conn.link.recv(None)
             except Exception:
-                self._post(self._lost, conn)
+                self._post(self._lost, conn, True)  # after everything it read: nothing more will come
                 return
             conn.last_heard = time.monotonic()  # heard now, though the loop handles it later (_check_connections)
             self._post(self._on_message, conn, frames)
@@ -222,9 +227,21 @@ class ChannelServer(_KeyQueues):
             self._on_message(conn, msg[1])
         self._again.add(conn)  # more may sit in the link's buffer, where the selector cannot see it
 
-    def _lost(self, conn: _Conn) -> None:
+    def _lost(self, conn: _Conn, read_all: bool = False) -> None:
         """Forget a departed (or dropped) client: close its link, drop its parked requests and the puts
-        it did not commit (their callers were told they failed), put the items sent to it back."""
+        it did not commit (their callers were told they failed), put the items sent to it back.
+
+        The commits and acks it sent before it went still count: those
+        already here are applied first.  A link that a thread of its own
+        reads (``read_all`` once that thread has ended) is closed at once,
+        but the connection then drains: the commits and acks its thread
+        still hands over are applied, and its uncommitted puts and unacked
+        items are settled only when the thread ends (``_DRAIN_LIMIT`` at the
+        most)."""
+        if conn.draining is not None:
+            if read_all:
+                self._settle_lost(conn)
+            return
         if conn not in self._conns:
             return
         self._read_commits(conn)
@@ -255,6 +272,20 @@ class ChannelServer(_KeyQueues):
                 q.getters.remove(w)
             touched.add(w.key)
         conn.parked.clear()
+        if conn.fd is None and not read_all:
+            conn.draining = time.monotonic() + _DRAIN_LIMIT
+            self._draining.add(conn)
+        else:
+            self._settle_lost(conn, touched)
+            return
+        for key in touched:
+            self._progress(key)
+
+    def _settle_lost(self, conn: _Conn, touched: Optional[set] = None) -> None:
+        """Drop a lost client's uncommitted puts and put the items sent to it back (``_lost``)."""
+        touched = set() if touched is None else touched
+        conn.draining = None
+        self._draining.discard(conn)
         for rid in list(conn.uncommitted):
             touched.add(self._drop_uncommitted(conn, rid))
         inflight, conn.inflight = conn.inflight, {}
@@ -266,22 +297,25 @@ class ChannelServer(_KeyQueues):
             self._progress(key)
 
     def _read_commits(self, conn: _Conn) -> None:
-        """Apply the commits and acks a dropped client sent before it went (whole messages already
-        here: in the link's buffer, or, for a link its own thread reads, in the loop's inbox): a put
-        its caller was told succeeded is not dropped with it."""
-        if conn.fd is None:  # read by a thread of its own: what it read waits in the inbox (the link is closed next)
-            messages = [args[1] for fn, args in list(self._inbox) if fn == self._on_message and args[0] is conn]
-        else:
-            messages = self._whole_messages(conn)
-        for frames in messages:
-            try:
-                ctrl = control(frames[0])
-            except Exception:
+        """Apply the commits and acks a dropped client sent before it went (whole messages already in
+        the buffer of a link the loop reads): a put its caller was told succeeded is not dropped with it."""
+        if conn.fd is None:
+            return  # its reader thread hands over, in order, whatever it read (the connection drains)
+        for frames in self._whole_messages(conn):
+            if not self._apply_commits(conn, frames):
                 return
-            op = ctrl.get("op")
-            self._acked(conn, ctrl.get("ids", ()) if op == "ack" else ctrl.get("acks", ()))
-            if op == "commit":
-                self._commit(conn, ctrl.get("ids", ()))
+
+    def _apply_commits(self, conn: _Conn, frames: list) -> bool:
+        """Apply the acks and commit of one message of a dropped client; False if it does not parse."""
+        try:
+            ctrl = control(frames[0])
+        except Exception:
+            return False
+        op = ctrl.get("op")
+        self._acked(conn, ctrl.get("ids", ()) if op == "ack" else ctrl.get("acks", ()))
+        if op == "commit":
+            self._commit(conn, ctrl.get("ids", ()))
+        return True
 
     @staticmethod
     def _whole_messages(conn: _Conn) -> list:
@@ -344,6 +378,9 @@ class ChannelServer(_KeyQueues):
             pass
 
     def _check_connections(self, now: float) -> None:
+        for conn in list(self._draining):
+            if now > conn.draining:  # its reader thread did not end (a link whose close does not end a receive)
+                self._settle_lost(conn)
         for conn in list(self._conns):
             silent = now - conn.last_heard
             # bytes of a long message moving count as heard, sampled from a beat of silence on (see last_progress)
@@ -440,6 +477,8 @@ class ChannelServer(_KeyQueues):
     # -- requests ------------------------------------------------------------------
     def _on_message(self, conn: _Conn, frames: list) -> None:
         if not conn.alive:
+            if conn.draining is not None:  # dropped: its commits and acks still count (see _lost)
+                self._apply_commits(conn, frames)
             return
         conn.last_heard = time.monotonic()
         self._messages += 1
