@@ -430,11 +430,11 @@ def test_a_commit_read_but_not_yet_handled_when_its_tcp_client_is_dropped_is_app
 
 
 class _Intercepted:
-    """A host-side connection's link whose receives go through ``on_commit(raw, frames)`` when they
-    bring a commit: the reader thread of that connection then runs the test's code."""
+    """A host-side connection's link whose receives run the test's code on that connection's reader
+    thread: ``on_commit()`` when one brings a commit, ``on_error()`` when one fails (before it raises)."""
 
-    def __init__(self, link, on_commit):
-        self._link, self._on_commit = link, on_commit
+    def __init__(self, link, on_commit, on_error):
+        self._link, self._on_commit, self._on_error = link, on_commit, on_error
 
     def __getattr__(self, name):
         return getattr(self._link, name)
@@ -442,13 +442,17 @@ class _Intercepted:
     def recv(self, deadline):
         from rlinf.scheduler.messaging.channel.protocol import control
 
-        raw, frames = self._link.recv(deadline)
+        try:
+            raw, frames = self._link.recv(deadline)
+        except Exception:
+            self._on_error()
+            raise
         if control(frames[0]).get("op") == "commit":
             self._on_commit()
         return raw, frames
 
 
-def _intercept_commits(server, client_name, on_commit):
+def _intercept(server, client_name, on_commit=lambda conn: None, on_error=lambda conn: None):
     """Route the host's receives on ``client_name``'s connection through ``_Intercepted``; the connection.
 
     The receive its reader thread waits in now is the link's own: the client's next message passes,
@@ -458,7 +462,7 @@ def _intercept_commits(server, client_name, on_commit):
     while conn is None and time.monotonic() < end:
         conn = next((c for c in server._ask(lambda: list(server._conns)) if c.name == client_name), None)
     assert conn is not None, f"no connection of {client_name} on the host"
-    conn.link = _Intercepted(conn.link, lambda: on_commit(conn))
+    conn.link = _Intercepted(conn.link, lambda: on_commit(conn), lambda: on_error(conn))
     return conn
 
 
@@ -482,7 +486,7 @@ def test_a_commit_still_with_the_reader_thread_when_its_tcp_client_is_dropped_is
             server._post(server._lost, conn)
             _wait_for(lambda: not conn.alive, 5, "the drop")
 
-    _intercept_commits(server, "producer", hold)
+    _intercept(server, "producer", on_commit=hold)
     _put(producer, "k", "item")  # returns once its commit is sent: the caller is told it succeeded
     _wait_for(lambda: held, 5, "the commit reaching the reader thread")
     assert _get(consumer, "k", 2.0) == "item"
@@ -509,7 +513,7 @@ def test_a_dropped_connection_whose_reader_thread_hangs_still_frees_its_places(h
         release.wait(20)
         raise ConnectionError("released")
 
-    _intercept_commits(server, "producer", hang)
+    _intercept(server, "producer", on_commit=hang)
     try:
         _put(producer, "k", "held")  # taken, committed by the client; the commit never reaches the loop
         begin = time.monotonic()
@@ -517,6 +521,40 @@ def test_a_dropped_connection_whose_reader_thread_hangs_still_frees_its_places(h
         waited = time.monotonic() - begin
         assert waited < 3.0, waited
         assert _get(consumer, "k", 1.0) == "next"
+    finally:
+        release.set()
+
+
+def test_an_item_whose_reply_never_left_for_a_dropped_client_is_given_back_at_once(host, monkeypatch):
+    """A get's reply still in the host's outbox when the client is dropped never reached it, so no ack
+    can come for its item: the item goes back to the head at once, not when the connection's drain
+    ends (up to ``_DRAIN_LIMIT`` on a link whose close does not end its reader thread's receive)."""
+    from rlinf.scheduler.transports.cpu_transport import LOCAL_ENV
+
+    monkeypatch.setenv(LOCAL_ENV, "0")
+    h = host("trust_unsent")
+    producer, consumer, other = h.client("producer"), h.client("consumer"), h.client("other")
+    server = h.server
+    release = threading.Event()
+    conn = _intercept(server, "consumer", on_error=lambda conn: release.wait(20))  # its reader thread then hangs
+    flush = server._flush_all
+
+    def drop_before_flush():  # on the loop: the reply to the consumer's get is queued, not sent yet
+        with conn.lock:
+            queued = any(ctrl.get("id") in conn.inflight for ctrl, _ in conn.outbox)
+        if queued:
+            server._lost(conn)
+        flush()
+
+    monkeypatch.setattr(server, "_flush_all", drop_before_flush)
+    consumer.request({"op": "get", "key": "k", "timeout": 10.0}, ())
+    time.sleep(0.3)  # parked
+    try:
+        _put(producer, "k", "item")
+        begin = time.monotonic()
+        assert _get(other, "k", 2.0) == "item"
+        assert time.monotonic() - begin < 1.5
+        assert server._ask(lambda: conn.draining is not None)  # given back while the connection still drains
     finally:
         release.set()
 

@@ -258,6 +258,7 @@ class ChannelServer(_KeyQueues):
         except Exception:
             pass
         with conn.lock:
+            unsent = {ctrl.get("id") for ctrl, _ in conn.outbox}  # no ack can come for these
             conn.outbox.clear()
         touched = set()
         for w in list(conn.parked.values()):
@@ -275,6 +276,7 @@ class ChannelServer(_KeyQueues):
         if conn.fd is None and not read_all:
             conn.draining = time.monotonic() + _DRAIN_LIMIT
             self._draining.add(conn)
+            self._requeue_sent(conn, [rid for rid in conn.inflight if rid in unsent], touched)
         else:
             self._settle_lost(conn, touched)
             return
@@ -288,13 +290,15 @@ class ChannelServer(_KeyQueues):
         self._draining.discard(conn)
         for rid in list(conn.uncommitted):
             touched.add(self._drop_uncommitted(conn, rid))
-        inflight, conn.inflight = conn.inflight, {}
-        for rid in sorted(inflight, reverse=True):  # newest first: the oldest ends up at the head
-            key, items = inflight[rid]
-            self._requeue(key, items)
-            touched.add(key)
+        self._requeue_sent(conn, list(conn.inflight), touched)
         for key in touched:
             self._progress(key)
+
+    def _requeue_sent(self, conn: _Conn, rids: list, touched: set) -> None:
+        for rid in sorted(rids, reverse=True):  # newest first: the oldest ends up at the head
+            key, items = conn.inflight.pop(rid)
+            self._requeue(key, items)
+            touched.add(key)
 
     def _read_commits(self, conn: _Conn) -> None:
         """Apply the commits and acks a dropped client sent before it went (whole messages already in
@@ -556,7 +560,7 @@ class ChannelServer(_KeyQueues):
         does); a request handler may call it directly.
         """
         out = {"keys": len(self._queues), "items": sum(len(q.items) for q in self._queues.values()),
-               "clients": len(self._conns), "in_flight": sum(len(c.inflight) for c in self._conns),
+               "clients": len(self._conns), "in_flight": sum(len(c.inflight) for c in self._conns | self._draining),
                "messages": self._messages}
         if detail:
             out["queues"] = {show_key(k): {"items": len(q.items), "getters": len(q.getters), "putters": len(q.putters),
