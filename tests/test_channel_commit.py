@@ -87,7 +87,8 @@ class _Producer:
 
     def _read(self):
         for line in self.proc.stdout:
-            self.lines.append(line.rstrip())
+            if line.endswith("\n"):  # whole: a line cut short by the kill (``OK 2``) says nothing
+                self.lines.append(line.rstrip())
 
     def wait_line(self, prefix, limit, count=1):
         _wait_for(lambda: sum(l.startswith(prefix) for l in list(self.lines)) >= count, limit,

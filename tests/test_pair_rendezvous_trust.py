@@ -106,15 +106,19 @@ def _outsider(pids: list) -> None:
     known = {pid: listening(pid) for pid in pids}
     probes, stop = {}, threading.Event()
 
+    def scan():
+        for pid in pids:
+            for port in listening(pid) - known[pid]:
+                known[pid].add(port)
+                probes[port] = ctx.Process(target=_probe_into, args=(port, answers), daemon=True)
+                probes[port].start()
+
     def watch():
         deadline = time.monotonic() + _TIMEOUT
         while not stop.is_set() and time.monotonic() < deadline:
-            for pid in pids:
-                for port in listening(pid) - known[pid]:
-                    known[pid].add(port)
-                    probes[port] = ctx.Process(target=_probe_into, args=(port, answers), daemon=True)
-                    probes[port].start()
+            scan()
             time.sleep(0.002)
+        scan()  # once more after the stop: a port that opened just before it (a starved watcher) is probed too
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
