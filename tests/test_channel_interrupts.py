@@ -20,7 +20,7 @@ from rlinf.scheduler import Channel, CommTimeoutError
 from rlinf.scheduler.messaging.channel import client as client_module
 from rlinf.scheduler.messaging.channel import local as local_module
 
-from test_channel_trust import _frames, _get, _put, _wait_for, host  # noqa: F401 (host: the fixture)
+from test_channel_trust import _frames, _get, _put, _traced, _wait_for, host  # noqa: F401 (host: the fixture)
 
 
 def _line(module, func, text):
@@ -63,12 +63,8 @@ def test_an_interrupt_while_routing_its_own_claimed_put_fails_it_undelivered(hos
     tracer, fired = _interrupt_once(client_module, "_route", line,
                                     lambda frame: frame.f_locals.get("commit") and frame.f_locals.get("blocking"))
     _, fut = producer.request({"op": "put", "key": "k", "weight": 0.0, "timeout": 3.0}, _frames("item"), blocking=True)
-    sys.settrace(tracer)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            producer.wait_reply(fut, 5)
-    finally:
-        sys.settrace(None)
+    with pytest.raises(KeyboardInterrupt), _traced(tracer):
+        producer.wait_reply(fut, 5)
     assert fired, f"line {line} of _route was not reached"
     assert fut.done() and fut.exception(0) is not None  # settled, failed: its commit never went out
     assert _get(consumer, "k", 1.0) == ("error", "Timeout")
@@ -104,13 +100,11 @@ def test_the_main_thread_never_commits_another_threads_blocking_put(host):
             outcome.append(exc)
 
     threading.Timer(0.3, put).start()
-    sys.settrace(tracer)
     try:
-        producer.wait_reply(mine, 5)
+        with _traced(tracer):
+            producer.wait_reply(mine, 5)
     except KeyboardInterrupt:
         pass  # the main thread committed another call's put, and the interrupt landed just after
-    finally:
-        sys.settrace(None)
     _wait_for(lambda: outcome, 8, "the put's settling")  # not left pending for ever
     delivered = _get(consumer, "k", 2.0)
     assert (outcome, delivered) == ([None], "item"), "the put failed although delivered, or the reverse"
@@ -143,12 +137,8 @@ def test_an_interrupt_while_withdrawing_a_put_settles_it_and_frees_its_place(hos
             raise KeyboardInterrupt
         return None
 
-    sys.settrace(tracer)
-    try:
-        with pytest.raises((KeyboardInterrupt, CommTimeoutError)):
-            work.wait(0.3)
-    finally:
-        sys.settrace(None)
+    with pytest.raises((KeyboardInterrupt, CommTimeoutError)), _traced(tracer):
+        work.wait(0.3)
     _wait_for(raw.done, 5, "the withdrawn put's settling")  # not left unfinished for ever
     assert isinstance(raw.exception(0), CommTimeoutError)
     assert _get(consumer, "k", 2.0) == "x1"
@@ -189,12 +179,8 @@ def test_an_interrupt_just_after_a_local_put_parked_withdraws_it():
     ch.put("x1", timeout=5)
     line = _line(local_module, "put", "self._progress(token)")
     tracer, fired = _interrupt_once(local_module, "put", line)
-    sys.settrace(tracer)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            ch.put("x2", timeout=5)
-    finally:
-        sys.settrace(None)
+    with pytest.raises(KeyboardInterrupt), _traced(tracer):
+        ch.put("x2", timeout=5)
     assert fired, "the put's parking was not reached"
     assert ch.get(timeout=2) == "x1"
     ch.put("x3", timeout=1)  # x2 does not hold the place
@@ -214,12 +200,8 @@ def test_an_interrupted_local_get_loses_no_item(where):
         ch.put("x0", timeout=1)
         func, line = "_get", _line(local_module, "_get", "taken = True")
     tracer, fired = _interrupt_once(local_module, func, line)
-    sys.settrace(tracer)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            ch.get(timeout=5)
-    finally:
-        sys.settrace(None)
+    with pytest.raises(KeyboardInterrupt), _traced(tracer):
+        ch.get(timeout=5)
     assert fired, f"line {line} of {func} was not reached"
     ch.put("x1", timeout=1)
     expected = ["x1"] if where == "waiting" else ["x0", "x1"]

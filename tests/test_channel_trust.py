@@ -12,6 +12,7 @@ RECORD NAME``): it connects to the channel's host with the cluster secret it
 inherits, puts ``item-2`` and prints how the put ended.
 """
 
+import contextlib
 import os
 import pickle
 import signal
@@ -172,6 +173,16 @@ def test_an_interrupted_parked_put_on_a_local_channel_is_not_delivered():
 
 
 
+@contextlib.contextmanager
+def _traced(tracer):
+    """``sys.settrace(tracer)`` for the block (where a test lands its interrupt), then off again."""
+    sys.settrace(tracer)
+    try:
+        yield
+    finally:
+        sys.settrace(None)
+
+
 def test_a_local_put_interrupted_after_its_room_was_made_is_withdrawn():
     """The in-process channel (``maxsize=1``): a blocking put waits for room, a get makes it, and an interrupt
     lands in the putter after its wait ended but before its item joined the queue.  The put raised, so it
@@ -185,12 +196,8 @@ def test_a_local_put_interrupted_after_its_room_was_made_is_withdrawn():
             raise KeyboardInterrupt
         return None
 
-    sys.settrace(interrupt_at_commit)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            ch.put("item-2", timeout=10)
-    finally:
-        sys.settrace(None)
+    with pytest.raises(KeyboardInterrupt), _traced(interrupt_at_commit):
+        ch.put("item-2", timeout=10)
     assert ch.qsize() == 0  # item-2 was withdrawn
     ch.put("item-3", timeout=2)  # the place item-2 held is free: not blocked for good
     assert ch.get(timeout=2) == "item-3"

@@ -8,26 +8,23 @@ put whose caller got an error is never delivered.
 from __future__ import annotations
 
 import concurrent.futures
-import threading
-import weakref
 from typing import Any, Optional
 
 from ..base.errors import CommTimeoutError
 from ..messaging.channel.client import ChannelClient
+from ..messaging.channel.take_work import TakeWork
 from ..transports.async_work import AsyncWork
 
 
-class _TakeWork(AsyncWork):
-    """The AsyncWork of a get: its item leaves the channel only when the user takes the result.
-
-    ``wait``/``await``/``then`` take it (and acknowledge it to the host); if
-    the work is dropped before that, the request is cancelled and the host
-    puts the item back at the head of its queue.
-    """
+class _TakeWork(TakeWork):
+    """The AsyncWork of a hosted get: ``wait``/``await``/``then`` take its item (and acknowledge it to the
+    host); if the work is dropped before that, the request is cancelled and the host puts the item
+    back at the head of its queue."""
 
     def __init__(self, raw: concurrent.futures.Future, what: str, finish, client: ChannelClient, rid: int):
-        taken = [False]
         out: concurrent.futures.Future = concurrent.futures.Future()
+        super().__init__(out, what, finish, lambda: client.abandon(rid))
+        taken = self._taken
 
         def arrived(f: concurrent.futures.Future) -> None:
             exc = f.exception()
@@ -41,43 +38,7 @@ class _TakeWork(AsyncWork):
             # decoded only once the user takes it: finish() also acknowledges the item
             out.set_result((ctrl_back, items))
 
-        super().__init__(out, what)
-        self._finish, self._taken, self._value = finish, taken, None
-        self._lock = threading.Lock()
-        weakref.finalize(self, _abandon, client, rid, taken)
         raw.add_done_callback(arrived)
-
-    def _take(self, reply):
-        with self._lock:
-            if self._value is None:
-                self._taken[0] = True
-                self._value = (self._finish(reply),)
-            return self._value[0]
-
-    def wait(self, timeout: Optional[float] = None) -> Any:
-        # timeout=None waits as long as the user asked; the host answers or is declared dead by heartbeat
-        return self._take(super().wait(timeout))
-
-    async def async_wait(self) -> Any:
-        return self._take(await super().async_wait())
-
-    def then(self, fn):
-        nxt: concurrent.futures.Future = concurrent.futures.Future()
-
-        def chain(f: concurrent.futures.Future) -> None:
-            try:
-                nxt.set_result(fn(self._take(f.result())))  # done: this is its done-callback
-            except BaseException as exc:
-                nxt.set_exception(exc)
-
-        self._future.add_done_callback(chain)
-        return AsyncWork(nxt, self._describe)
-
-
-def _abandon(client: ChannelClient, rid: int, taken: list) -> None:
-    if not taken[0]:
-        taken[0] = True
-        client.abandon(rid)
 
 
 class _PutWork(AsyncWork):

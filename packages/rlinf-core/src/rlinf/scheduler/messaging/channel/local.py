@@ -22,7 +22,6 @@ import asyncio
 import collections
 import concurrent.futures
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -31,6 +30,7 @@ from ...base.errors import CommTimeoutError
 from ...transports.async_work import AsyncWork
 from .keys import key_token, show_key
 from .server import ChannelServer
+from .take_work import TakeWork
 
 
 class _PutWork(AsyncWork):
@@ -50,37 +50,6 @@ class _PutWork(AsyncWork):
                 raise  # its own error
         self._expire(timeout, True)
         return self._future.result(1.0)  # the withdrawal's error (set just after by whichever expire removed it), or None
-
-
-class _TakeWork(AsyncWork):
-    """The AsyncWork of an asynchronous get: its items leave the channel only once the user takes them
-    (``wait``, ``await``, ``then``); if the work is dropped before that, the get is withdrawn, or the
-    items it was served go back to the head of the queue, as on a hosted channel."""
-
-    def __init__(self, fut: concurrent.futures.Future, what: str, unpack, give_back):
-        super().__init__(fut, what)
-        self._unpack = unpack
-        self._taken = [False]
-        weakref.finalize(self, _untaken, give_back, self._taken)
-
-    def _take(self, records):
-        self._taken[0] = True
-        return self._unpack(records)
-
-    def wait(self, timeout: Optional[float] = None) -> Any:
-        return self._take(super().wait(timeout))
-
-    async def async_wait(self) -> Any:
-        return self._take(await super().async_wait())
-
-    def then(self, fn):
-        return super().then(lambda records: fn(self._take(records)))
-
-
-def _untaken(give_back, taken: list) -> None:
-    if not taken[0]:
-        taken[0] = True
-        give_back()
 
 
 def _first_item(records: list) -> Any:
@@ -124,8 +93,6 @@ class LocalChannel:
                 timeout: Optional[float], what: str, put: bool = False):
         """Return the result (sync) or an AsyncWork; a wait that times out withdraws its request first
         (with ``put``, so does a ``wait(t)`` of the AsyncWork that runs out)."""
-        from ...transports.async_work import AsyncWork
-
         def expire(after: float, withdrawn: bool = False) -> None:
             with self._lock:
                 try:
@@ -294,7 +261,7 @@ class LocalChannel:
 
         if async_op:
             self._finish(fut, q.getters, entry, async_op, timeout, what)  # starts its timer, if it has a timeout
-            return _TakeWork(fut, what, unpack, give_back)
+            return TakeWork(fut, what, unpack, give_back)
         taken = False
         try:  # an interrupt before the records are taken gives them back (or withdraws the get)
             records = self._finish(fut, q.getters, entry, async_op, timeout, what)

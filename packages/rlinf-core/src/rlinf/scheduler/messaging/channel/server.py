@@ -273,13 +273,12 @@ class ChannelServer(_KeyQueues):
                 q.getters.remove(w)
             touched.add(w.key)
         conn.parked.clear()
-        if conn.fd is None and not read_all:
-            conn.draining = time.monotonic() + _DRAIN_LIMIT
-            self._draining.add(conn)
-            self._requeue_sent(conn, [rid for rid in conn.inflight if rid in unsent], touched)
-        else:
+        if conn.fd is not None or read_all:
             self._settle_lost(conn, touched)
             return
+        conn.draining = time.monotonic() + _DRAIN_LIMIT
+        self._draining.add(conn)
+        self._requeue_sent(conn, [rid for rid in conn.inflight if rid in unsent], touched)
         for key in touched:
             self._progress(key)
 
@@ -305,8 +304,12 @@ class ChannelServer(_KeyQueues):
         the buffer of a link the loop reads): a put its caller was told succeeded is not dropped with it."""
         if conn.fd is None:
             return  # its reader thread hands over, in order, whatever it read (the connection drains)
-        for frames in self._whole_messages(conn):
-            if not self._apply_commits(conn, frames):
+        for _ in range(1024):  # bounded: a client does not send more than this after its last reply
+            try:
+                msg = conn.link.recv_nowait()
+            except Exception:
+                return
+            if msg is None or not self._apply_commits(conn, msg[1]):
                 return
 
     def _apply_commits(self, conn: _Conn, frames: list) -> bool:
@@ -320,19 +323,6 @@ class ChannelServer(_KeyQueues):
         if op == "commit":
             self._commit(conn, ctrl.get("ids", ()))
         return True
-
-    @staticmethod
-    def _whole_messages(conn: _Conn) -> list:
-        out = []
-        for _ in range(1024):  # bounded: a client does not send more than this after its last reply
-            try:
-                msg = conn.link.recv_nowait()
-            except Exception:
-                break
-            if msg is None:
-                break
-            out.append(msg[1])
-        return out
 
     def _acked(self, conn: _Conn, ids) -> None:
         for i in ids:
