@@ -15,6 +15,8 @@ from ..plugins import accelerator
 from ..base import context, timing, worker_logging
 from ..base.address import RankPath, WorkerAddress
 from ..base.info import WorkerInfo
+from .routed_exchange import RoutedExchange
+from .worker_utilities import WorkerUtilities
 
 if TYPE_CHECKING:
     from ..runtime.group import WorkerGroup
@@ -49,7 +51,7 @@ def _p2p():
     return _api
 
 
-class Worker:
+class Worker(RoutedExchange, WorkerUtilities):
     """A remote process that runs the methods of a worker group."""
 
     #: RLinf's handle on its manager process, which RLinf code passes to ``get_group_world_size``; there is
