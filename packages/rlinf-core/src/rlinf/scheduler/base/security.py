@@ -447,6 +447,33 @@ def _reason(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, HandshakeError) else f"{type(exc).__name__}: {exc}"
 
 
+#: ``accept()`` errors that end one connection only (the peer reset it first): accept the next at once
+_ACCEPT_PASSING = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EAGAIN, errno.EINTR, errno.EPERM})
+
+
+class AcceptBackoff:
+    """What an accept loop does when ``accept()`` fails, so that it neither ends nor spins a core.
+
+    ``failed(exc)`` gives the seconds to wait before the next ``accept()``: none for an
+    error of the one connection, else (out of descriptors or memory, or anything unknown)
+    10 ms, doubling to at most ``most``; ``accepted()`` after a success starts over."""
+
+    def __init__(self, name: str, first: float = 0.01, most: float = 1.0):
+        self._name, self._first, self._most = name, first, most
+        self._next = first
+
+    def failed(self, exc: OSError) -> float:
+        if exc.errno in _ACCEPT_PASSING:
+            return 0.0
+        wait, self._next = self._next, min(self._most, self._next * 2)
+        (log.warning if wait == self._first else log.debug)(
+            "%s: accept failed (%s); trying again in %.2f s", self._name, exc, wait)
+        return wait
+
+    def accepted(self) -> None:
+        self._next = self._first
+
+
 # -- private directories ----------------------------------------------------------------
 class PrivateDirError(PermissionError):
     """A directory that must be this user's alone is not; the message says why and what to do."""

@@ -79,7 +79,7 @@ class _StatusServer:
                                             timeout=SERVE_TIMEOUT, hello=False)
         self._sock = socket.create_server((host, 0), backlog=128)
         self.host, self.port = host, self._sock.getsockname()[1]
-        self._closed = False
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rlinf-status", daemon=True)
         self._thread.start()
 
@@ -87,12 +87,17 @@ class _StatusServer:
         return {"host": self.host, "port": self.port, "token": self.token.hex(), "listener": self._gate.listener_id}
 
     def _loop(self) -> None:
-        while not self._closed:
+        backoff = security.AcceptBackoff("rlinf-status")
+        while not self._closed.is_set():
             try:
                 # no deadline: close() shuts the socket down, which ends this wait
                 conn, _ = self._sock.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                # out of descriptors (a moment's flood elsewhere in this process) must not end the
+                # listener for good, nor spin: wait, longer each time, then accept again
+                self._closed.wait(backoff.failed(exc))
+                continue
+            backoff.accepted()
             self._gate.admit(conn)  # never blocks: the handshake runs on a thread of its own, bounded
 
     def _answer(self, conn: socket.socket, _hello: bytes) -> None:
@@ -107,7 +112,7 @@ class _StatusServer:
             conn.close()
 
     def close(self) -> None:
-        self._closed = True
+        self._closed.set()
         self._gate.close()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept above (Linux)

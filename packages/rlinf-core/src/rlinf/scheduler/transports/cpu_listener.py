@@ -49,20 +49,28 @@ class Listener:
         (Closing the selector from another thread while this one waits in it
         can leave this thread waiting on a reused descriptor, forever.)
         """
+        backoff = security.AcceptBackoff("rlinf-cpu")
         try:
             while not self._stop.is_set():
                 try:
                     events = self._selector.select(timeout=0.5)
                 except (OSError, ValueError):
                     return
+                wait = 0.0
                 for key, _ in events:
                     if key.fileobj == self._wakeup[0]:
                         return
                     try:
                         conn, _ = key.fileobj.accept()
-                    except OSError:
+                    except OSError as exc:
+                        # out of descriptors the connection stays queued and select() says so again at
+                        # once: wait (10 ms, doubling to 1 s) instead of spinning, then accept again
+                        wait = max(wait, backoff.failed(exc))
                         continue
+                    backoff.accepted()
                     self._gate.admit(conn)  # bounded: never more than a few dozen unproven handshakes in flight
+                if wait:
+                    self._stop.wait(wait)  # close() sets it: the loop still ends at once  # bounded: never more than a few dozen unproven handshakes in flight
         finally:
             self._selector.close()
             with self._lock:  # close() writes to the pipe only while it is ours
