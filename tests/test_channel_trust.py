@@ -46,12 +46,12 @@ def _wait_for(predicate, limit, what):
 class _Producer:
     """The producer program, started with the channel host's record; reads its output lines."""
 
-    def __init__(self, cluster, name, env=None):
+    def __init__(self, cluster, name, env=None, mode="put"):
         record = cluster.session.lookup_group("Channel." + name)
         fd, self.record_file = tempfile.mkstemp(prefix="rlt-record")
         with os.fdopen(fd, "wb") as f:
             pickle.dump(record.workers[0], f)
-        self.proc = subprocess.Popen([sys.executable, __file__, self.record_file, name], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, __file__, self.record_file, name, mode], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
         self.lines: list = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -92,6 +92,21 @@ def _only_item_1(ch, name):
     with pytest.raises(CommTimeoutError):
         ch.get(timeout=1.0)
     assert _stats(name)["items"] == 0
+
+
+def test_a_put_announcing_a_segment_larger_than_its_memfd_is_refused(cluster):
+    """A client with the cluster secret sends a put whose shared-memory segment is announced larger than
+    the memfd it sends: mapping it whole and reading past the file's end would kill the host (SIGBUS)
+    with every queued item.  The host refuses the frame (drops that connection) and keeps its items."""
+    ch = Channel.create("trust_shm_lie")
+    ch.put("item-1", timeout=10)
+    producer = _Producer(cluster, "trust_shm_lie", mode="lying-shm")
+    lines = producer.finish()
+    assert "PUT OK" not in lines, lines
+    assert ch.get(timeout=10) == "item-1"  # the host lives, with its queue
+    ch.put("item-3", timeout=10)
+    assert ch.get(timeout=10) == "item-3"
+    assert _stats("trust_shm_lie")["items"] == 0
 
 
 @survives_worker_death
@@ -603,8 +618,11 @@ def _closed_by_host(link) -> bool:
     return False
 
 
-def _produce(record_file, name):
-    """The producer program: put item-2 on channel ``name`` through this process's own connection."""
+def _produce(record_file, name, mode="put"):
+    """The producer program: put item-2 on channel ``name`` through this process's own connection.
+
+    ``mode`` ``lying-shm``: item-2 is a 1 MiB array whose shared-memory segment is announced at its
+    full size while the descriptor sent with it is a memfd of one page (a buggy or compromised client)."""
     from rlinf.scheduler.channel import channel as channel_module
     from rlinf.scheduler.messaging.channel.client import ChannelClient
 
@@ -614,9 +632,27 @@ def _produce(record_file, name):
     channel_module._clients[(name, 0)] = ChannelClient.connect(name, f"Channel.{name}:0", record)
     channel_module._replica_counts[name] = 1
     ch = Channel(name, 1)
+    item = "item-2"
+    if mode == "lying-shm":
+        import numpy as np
+
+        from rlinf.scheduler.transports import shm
+
+        make = shm.create_segment
+
+        def lying_segment(seg_id, nbytes):
+            seg = make(seg_id, nbytes)  # written through its own mapping; a one-page memfd goes instead
+            small = os.memfd_create("rlt-small", os.MFD_CLOEXEC)
+            os.ftruncate(small, shm.PAGE)
+            os.close(seg.fd)
+            seg.fd = small
+            return seg
+
+        shm.create_segment = lying_segment
+        item = np.ones(1 << 20, dtype=np.uint8)
     print("READY", flush=True)
     try:
-        ch.put("item-2", timeout=30)
+        ch.put(item, timeout=30)
         print("PUT OK", flush=True)
     except KeyboardInterrupt:
         print("INTERRUPTED", flush=True)
@@ -625,4 +661,4 @@ def _produce(record_file, name):
 
 
 if __name__ == "__main__":
-    _produce(sys.argv[1], sys.argv[2])
+    _produce(*sys.argv[1:])

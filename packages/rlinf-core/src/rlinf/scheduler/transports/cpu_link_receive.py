@@ -162,7 +162,11 @@ class _Receiving:
             if not self._fds:
                 self._rbroken = "a shared-memory segment arrived without its descriptor"
                 raise ConnectionError(self._rbroken)
-            self._cache.add(seg_id, self._fds.pop(0), capacity)
+            try:
+                self._cache.add(seg_id, self._fds.pop(0), capacity)
+            except (OSError, ValueError) as exc:  # a lying sender: refused like any bad frame
+                self._rbroken = str(exc)
+                raise ConnectionError(self._rbroken) from None
         for _ in range(ndrop):
             self._cache.drop(_DROP.unpack_from(body, pos)[0])
             pos += _DROP.size

@@ -22,6 +22,7 @@ the sender does not wait: its buffers go inline through the socket.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 import struct
@@ -144,9 +145,10 @@ class Segment:
 
 def create_segment(seg_id: int, nbytes: int) -> Segment:
     capacity = -(-nbytes // _ROUND) * _ROUND
-    fd = os.memfd_create(f"rlinf-{seg_id}", os.MFD_CLOEXEC)
+    fd = os.memfd_create(f"rlinf-{seg_id}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, DATA_OFFSET + capacity)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)  # a receiver maps it whole: it never shrinks
         mm = map_shared(fd, DATA_OFFSET + capacity)
     except BaseException:
         os.close(fd)
@@ -265,8 +267,20 @@ class ReceiverCache:
         self._maps: dict = {}
 
     def add(self, seg_id: int, fd: int, capacity: int) -> None:
+        """Map a segment the sender announced; ``ValueError`` (nothing mapped) if ``fd`` is not a memfd
+        sealed against shrinking that holds ``capacity`` bytes of data: reading a mapping past the
+        file's end kills the process (SIGBUS), so a buggy or hostile sender's lie is refused here."""
         try:
-            self._maps[seg_id] = map_shared(fd, DATA_OFFSET + capacity)
+            size = DATA_OFFSET + capacity
+            try:
+                sealed = fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+            except OSError:
+                sealed = 0  # not a memfd
+            real = os.fstat(fd).st_size
+            if not sealed or real < size:
+                raise ValueError(f"a shared-memory segment announced as {size} bytes is a file of {real} bytes"
+                                 + ("" if sealed else " not sealed against shrinking"))
+            self._maps[seg_id] = map_shared(fd, size)
         finally:
             os.close(fd)
 
