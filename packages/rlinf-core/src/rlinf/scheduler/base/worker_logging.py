@@ -17,7 +17,12 @@ guess: a log file is opened without following a symbolic link, made with mode
 0600, and taken only when it is a regular file of this user with no other hard
 link (``open_log_file``).  Another user's planted link or file is refused: the
 worker says so on its terminal, naming the path and the fix, and runs on
-without the file.
+without the file.  The way to the directory is checked as ``security.private_dir``
+checks its parents (``open_log_dir``): a symbolic link on it that another user
+(not root) made is refused, and so is a directory above it that another user
+owns or may write to without the sticky bit; the directory itself may be
+anyone's.  Driver side, ``Cluster(distributed_log_dir=...)`` raises; a worker
+says why on its terminal and runs on without the file.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import sys
 from typing import Optional
 
 from . import context
+from .security import PrivateDirError, _check_parents, _resolve
 
 LEVEL_ENV = "RLINF_LOG_LEVEL"
 LOG_DIR_ENV = "RLINF_DISTRIBUTED_LOG_DIR"
@@ -57,9 +63,58 @@ def take_cluster_options(options: dict) -> None:
         return
     if not isinstance(log_dir, (str, os.PathLike)) or not str(log_dir):
         raise TypeError(f"distributed_log_dir must be a path, got {log_dir!r}")
-    log_dir = os.path.abspath(os.fspath(log_dir))
-    os.makedirs(log_dir, exist_ok=True)
-    os.environ[LOG_DIR_ENV] = log_dir  # forwarded to every worker launched from here
+    fd, log_dir = open_log_dir(os.path.abspath(os.fspath(log_dir)))  # refused before any group starts
+    os.close(fd)
+    os.environ[LOG_DIR_ENV] = log_dir  # forwarded to every worker launched from here (its links resolved)
+
+
+_HINT = "or choose another distributed_log_dir"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_log_dir(path: str) -> tuple[int, str]:
+    """``(descriptor, path)`` of the log directory ``path``, made as ``mkdir -p`` does, and the path it has.
+
+    Symbolic links on the way that this user or root made are resolved first
+    (the path returned has none); one that another user made is refused, as is a
+    directory above ``path`` that another user owns or may write to without the
+    sticky bit (``security.private_dir`` checks its parents so): its owner could
+    put a link or a directory of theirs in place of the next one at any time.
+    Then each directory is opened from ``/`` down without following a link,
+    and checked on what was opened, so a link planted after the check is refused
+    too.  ``path`` itself may be another user's (a shared log directory): its
+    files are checked one by one (``open_log_file``).  Raises ``PermissionError``
+    (``security.PrivateDirError``) naming the path, what is wrong and the fix;
+    ``OSError`` when a directory cannot be made or opened.
+    """
+    real = _resolve(os.path.abspath(path), _HINT)
+    _check_parents(real, _HINT)  # the clear message, before anything is made
+    names = [name for name in real.split("/") if name]
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        for depth, name in enumerate(names):
+            here = "/" + "/".join(names[: depth + 1])
+            try:
+                os.mkdir(name, 0o777, dir_fd=fd)  # as os.makedirs: the umask decides
+            except FileExistsError:
+                pass
+            try:
+                fd, parent = os.open(name, _DIR_FLAGS, dir_fd=fd), fd
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                raise PrivateDirError(f"{here} is a symbolic link or not a directory, made since it was checked; "
+                                      f"remove it (as its owner, or root), {_HINT}") from None
+            os.close(parent)
+            st = os.fstat(fd)
+            if depth < len(names) - 1 and (st.st_uid not in (0, os.geteuid()) or
+                                           st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+                raise PrivateDirError(f"{here} (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}) lets other "
+                                      f"users replace {names[depth + 1]} in it (made since it was checked); {_HINT}")
+        return fd, real
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def configure_worker_process() -> None:
@@ -79,7 +134,6 @@ def configure_worker_process() -> None:
     log_dir = ctx.env.get(LOG_DIR_ENV) or os.environ.get(LOG_DIR_ENV)
     if log_dir:
         try:
-            os.makedirs(log_dir, exist_ok=True)
             _installed.append(_LogFileHandler(os.path.join(log_dir, f"{ctx.address.get_name()}.log")))
         except OSError as exc:  # the file is an aid: the worker runs on, logging to its terminal
             print(f"{prefix} not writing this worker's log file: {exc}", file=sys.stderr)
@@ -98,21 +152,29 @@ def configure_worker_process() -> None:
 def open_log_file(path: str, encoding: Optional[str] = "utf-8", errors: Optional[str] = None):
     """``path`` opened for appending text: created with mode 0600 if missing, never through a link.
 
-    Taken only when it is a regular file of this user with no other hard link: in a directory that
+    Its directory is made if missing and reached as ``open_log_dir`` says (no link
+    of another user's on the way, nor a directory above it they may write to).
+    The file is taken only when it is a regular file of this user with no other hard link: in a directory that
     other users may write to, a link or file planted under the predictable name would otherwise get
     this worker's lines wherever its maker chose (appended to a file of theirs, or of this user).
     ``encoding`` and ``errors`` are ``open``'s.  Raises ``PermissionError`` naming the path, what is
     wrong and what to do; ``OSError`` when it cannot be opened.
     """
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    dir_fd, real = open_log_dir(os.path.dirname(os.path.abspath(path)))
+    name = os.path.basename(path)
     try:
-        fd = os.open(path, flags, 0o600)  # O_NONBLOCK: a planted FIFO fails here instead of blocking
+        fd = os.open(name, flags, 0o600, dir_fd=dir_fd)  # O_NONBLOCK: a planted FIFO fails here instead of blocking
     except OSError as exc:
         if exc.errno not in (errno.ELOOP, errno.ENXIO):
+            os.close(dir_fd)
             raise
-        st = os.lstat(path)
-        problem = (f"is a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(st.st_mode) else "is not a regular file")
+        st = os.lstat(name, dir_fd=dir_fd)
+        problem = (f"is a symbolic link (to {os.readlink(name, dir_fd=dir_fd)})" if stat.S_ISLNK(st.st_mode)
+                   else "is not a regular file")
+        os.close(dir_fd)
     else:
+        os.close(dir_fd)
         st = os.fstat(fd)
         problem = ("is not a regular file" if not stat.S_ISREG(st.st_mode) else
                    f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})" if st.st_uid != os.geteuid() else
