@@ -5,6 +5,7 @@ deadline, heartbeat) are shortened through the ``RLINF_CHANNEL_*`` settings,
 which the launching process forwards to the channel's host.
 """
 
+import asyncio
 import gc
 import os
 import signal
@@ -224,6 +225,36 @@ def test_dying_consumer_puts_its_item_back(launch):
     with pytest.raises(Exception):
         pending.wait()
     assert [ch.get(timeout=15), ch.get(timeout=15)] == ["a", "b"]
+
+
+def _drain(name):
+    """Every item left on ``name``'s default key, once the host has no item in flight and only this
+    process connected (a departed consumer's unacknowledged items are back by then)."""
+    _wait_for(lambda: (lambda s: s["clients"] == 1 and s["in_flight"] == 0)(_hosts[name].stats().wait()[0]), 20,
+              "the departed consumers' connections settled")
+    ch, out = Channel.connect(name), []
+    while True:
+        try:
+            out.append(ch.get_nowait())
+        except asyncio.QueueEmpty:
+            return out
+
+
+def test_items_a_stopped_consumer_group_took_are_not_delivered_again(cluster, launch):
+    """A consumer group takes items (``get``, then ``get_batch``), returns them and is stopped at once, as
+    a driver replacing rollout workers does; twice.  The driver then drains the channel: every item is
+    delivered exactly once (the acks used to wait for the consumer's next request or heartbeat tick, and
+    a stopped actor sent neither, so its items were delivered again)."""
+    ch = Channel.create("taken_once")
+    for i in range(9):
+        ch.put(i, weight=1)
+    taken = []
+    for _ in range(2):
+        g = launch(Peer, placement=NodePlacementStrategy([0]))
+        taken += run_on(g, 0, lambda w, ch: [ch.get(timeout=10)] + ch.get_batch(2, timeout=10), ch).wait()[0]
+        g.stop()
+    delivered = taken + _drain("taken_once")
+    assert sorted(delivered) == list(range(9)), delivered
 
 
 @survives_worker_death

@@ -109,6 +109,25 @@ def test_a_put_announcing_a_segment_larger_than_its_memfd_is_refused(cluster):
     assert _stats("trust_shm_lie")["items"] == 0
 
 
+@pytest.mark.parametrize("end", ["return", "SIGTERM", "SIGINT"])
+def test_items_a_script_took_are_not_delivered_again_however_it_ends(cluster, end):
+    """A script takes items (``get``, then ``get_batch``) and ends: it simply returns, or is sent SIGTERM
+    or Ctrl-C (SIGINT) once it has them.  The items it took are never delivered again."""
+    name = f"trust_taken_{end.lower()}"
+    ch = Channel.create(name)
+    for i in range(5):
+        ch.put(i, weight=1)
+    consumer = _Producer(cluster, name, mode="take" if end == "return" else "take-then-wait")
+    consumer.wait_line("TOOK", 30)
+    if end != "return":
+        consumer.proc.send_signal(getattr(signal, end))
+    lines = consumer.finish()
+    took = [int(x) for x in next(l for l in lines if l.startswith("TOOK")).split()[1:]]
+    _wait_for(lambda: _stats(name)["clients"] == 1 and _stats(name)["in_flight"] == 0, 20, "the consumer's connection settled")
+    rest = [ch.get(timeout=5) for _ in range(_stats(name)["items"])]
+    assert sorted(took + rest) == list(range(5)), (took, rest)
+
+
 @survives_worker_death
 def test_an_interrupted_parked_put_is_not_delivered(cluster):
     """Ctrl-C during a parked put gives the connection up before any cancel goes out: the host drops the put."""
@@ -633,6 +652,12 @@ def _produce(record_file, name, mode="put"):
     channel_module._replica_counts[name] = 1
     ch = Channel(name, 1)
     item = "item-2"
+    if mode.startswith("take"):  # a consumer: takes items, says which, then ends (or waits for a signal)
+        got = [ch.get(timeout=30)] + ch.get_batch(2, timeout=30)
+        print("TOOK", *got, flush=True)
+        if mode == "take-then-wait":
+            time.sleep(60)
+        return
     if mode == "lying-shm":
         import numpy as np
 

@@ -264,12 +264,12 @@ class Channel:
 
         def finish(reply):
             ctrl_back, items = reply
-            try:
-                _raise_for(ctrl_back, what, client.host)
-                return decode(ctrl_back, items) if decode else ctrl_back.get("value")
-            finally:
-                if "count" in ctrl_back:
-                    client.ack(rid)  # the item is the user's now (even if it fails to decode: never redeliver poison)
+            if "count" in ctrl_back:
+                # acknowledged before the user has the items, so no way the process ends redelivers them
+                # (nor one that fails to decode: never redeliver poison); PeerDiedError if it cannot be sent
+                client.ack(rid)
+            _raise_for(ctrl_back, what, client.host)
+            return decode(ctrl_back, items) if decode else ctrl_back.get("value")
 
         try:
             rid, fut = client.request(ctrl, frames, send_timeout, blocking=not async_op)

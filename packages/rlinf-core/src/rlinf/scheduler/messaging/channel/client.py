@@ -29,8 +29,9 @@ thread's send on the link.  A heartbeat thread pings the host; a host not
 heard from for several heartbeats (a whole message, or bytes of a long one
 moving either way) is declared dead (the link is closed, so
 every waiting operation raises ``PeerDiedError``).  A client acknowledges an
-item once it hands it to its user, and cancels a request it gives up, so the
-host can put an item that never reached a user back into its queue.
+item (a message of its own, sent before the item is handed to its user), and
+cancels a request it gives up, so the host puts an item that never reached a
+user back into its queue, and never one that did.
 
 A put that the host takes is *committed* (a one-way ``commit``) before its
 caller, or its asynchronous work, is told it succeeded; until then no
@@ -489,12 +490,33 @@ class ChannelClient(_Commits):
             return True
 
     def ack(self, rid: int) -> None:
-        """The items of reply ``rid`` reached the user: the host may forget them.
+        """The items of reply ``rid`` are about to reach the user: the host forgets them.
 
-        Sent with the next request, or within one heartbeat tick (0.2 s) if
-        none comes; ``close`` sends them before closing.
+        The acknowledgement is handed to the connection before this returns
+        (with any queued ones), so the items are never delivered again however
+        the process goes on (returns, is stopped, exits, is killed): the host
+        applies the whole messages a departed client left.  Raises
+        ``PeerDiedError`` if it cannot be sent because the connection is lost
+        (the host puts the items back: the caller must not hand them over).
+        If another thread's send holds the link for the send timeout, it is
+        queued and rides on the next message instead.
         """
-        self._acks.append(rid)
+        acks = self._take_acks()
+        acks.append(rid)
+        if self._dead is not None:
+            raise PeerDiedError(self._dead, peer=self.host)
+        try:
+            self._send([pack({"id": 0, "op": "ack", "ids": acks})], self._send_timeout)
+        except BaseException as exc:
+            if isinstance(exc, TimeoutError) and self._link.is_open():
+                self._acks.extendleft(reversed(acks))  # nothing of it was sent: rides on the next message
+                return
+            reason = f"{self._connection()} was lost: {type(exc).__name__}: {exc}"
+            self.fail(reason if isinstance(exc, Exception) else
+                      f"{self._connection()} was given up: {type(exc).__name__} interrupted a send on it")
+            if not isinstance(exc, Exception):
+                raise
+            raise PeerDiedError(self._dead or reason, peer=self.host) from None
 
     def _take_acks(self) -> list:
         acks = []
