@@ -12,6 +12,7 @@ from rlinf.scheduler import Channel, Worker
 from rlinf.scheduler.runtime import status_server
 
 from launcher_marks import TEST_LAUNCHER
+from user_env import user_env
 
 pytestmark = pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason="runs the status command against the session's Ray cluster")
 
@@ -36,7 +37,9 @@ class AsyncSleeper(Worker):
 def _status(*args, timeout=60, **env):
     import ray
 
-    full = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address, **env)
+    # a user's shell joining a cluster with token authentication sets its address, mode and token
+    full = user_env(RAY_ADDRESS=ray.get_runtime_context().gcs_address, RAY_AUTH_MODE="token",
+                    RAY_AUTH_TOKEN=os.environ["RAY_AUTH_TOKEN"], **env)
     start = time.monotonic()
     # --timeout: generous, for a loaded machine (importing Ray alone can take seconds there)
     proc = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status", "--timeout", "30", *args],
@@ -101,8 +104,10 @@ def test_status_finds_the_embedded_cluster_of_a_driver_without_ray_address(clust
     directory = os.environ["RLINF_STATUS_DIR"]
     (mine,) = [n for n in os.listdir(directory) if n.startswith("ray-") and n.endswith(f"-{os.getpid()}.json")]
     assert os.stat(os.path.join(directory, mine)).st_mode & 0o777 == 0o600
-    # a shell that has none of the driver's Ray settings (the driver keeps them in its own environment)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE")}
+    # a user's shell: none of the driver's Ray settings (the driver keeps them in its own environment), nor
+    # hatch.toml's (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 hid that Ray's client took 127.0.0.1 for the
+    # machine's own address, where the embedded cluster does not listen)
+    env = user_env()
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status", "--json", "--timeout", "30"],
                           capture_output=True, text=True, env=env, timeout=60)
@@ -114,6 +119,123 @@ def test_status_finds_the_embedded_cluster_of_a_driver_without_ray_address(clust
     snap = json.loads(proc.stdout)
     assert f"the embedded cluster of pid {os.getpid()}" in snap["address"], snap["address"]
     assert "status_embedded" in {g["name"] for g in snap["groups"]}
+
+
+def _ray_node_address() -> str:
+    """The address Ray's client takes for this machine when it is not told to stay on loopback: the one
+    that routes to the outside (Ray's own probe: a UDP socket connected to a public address), else loopback."""
+    import socket
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("8.8.8.8", 80))  # UDP: nothing is sent
+        return probe.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        probe.close()
+
+
+def test_this_machine_has_an_address_for_ray_to_rewrite_loopback_to():
+    """The embedded-cluster status test above is a test of the loopback rewrite only where the machine has
+    an address besides loopback; on one without, the network-namespace test below runs instead."""
+    address = _ray_node_address()
+    if address.startswith("127."):
+        pytest.skip("this machine routes nowhere but loopback: test_status_in_a_namespace_with_an_address covers it")
+    assert not address.startswith("127.")
+
+
+EMBEDDED_PROGRAM = """
+import json, subprocess, sys
+from rlinf.scheduler import Cluster, Worker
+
+class Idle(Worker):
+    def ping(self):
+        return 1
+
+group = Idle.create_group().launch(Cluster(num_nodes=1), name="netns_embedded")
+group.ping().wait()
+env = dict(__import__("os").environ)
+for key in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE", "RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
+    env.pop(key, None)  # what the driver set for itself: the user's shell has none of it
+p = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "status", "--json", "--timeout", "30"],
+                   capture_output=True, text=True, env=env, timeout=60)
+print("STATUS", json.dumps({"code": p.returncode, "out": p.stdout, "err": p.stderr[-2000:]}), flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_status_in_a_namespace_with_an_address(tmp_path):
+    """Where this machine has no address but loopback, a network namespace with one (and a default route,
+    as a workstation has) is that machine: a driver there starts its embedded cluster, and the status
+    command, run as a user runs it, finds it."""
+    import netns
+
+    if not _ray_node_address().startswith("127."):
+        pytest.skip("this machine has an address besides loopback: the embedded-cluster status test covers it")
+    reason = netns.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    program = tmp_path / "program.py"
+    program.write_text(EMBEDDED_PROGRAM)
+    hosts = netns.NetnsHosts(1)
+    try:
+        hosts.create()
+        env = user_env(RLINF_STATUS_DIR=str(tmp_path / "status"), RLINF_RAY_TEMP_DIR=hosts.temp_dir)
+        proc = hosts.popen(0, [sys.executable, str(program)], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        out = proc.communicate(timeout=200)[0]
+    finally:
+        hosts.stop()
+    assert proc.returncode == 0, out[-4000:]
+    result = json.loads(next(ln for ln in out.splitlines() if ln.startswith("STATUS "))[len("STATUS "):])
+    assert result["code"] == 0, result
+    assert "netns_embedded" in {g["name"] for g in json.loads(result["out"])["groups"]}
+
+
+def test_status_lists_every_embedded_cluster_and_picks_one_by_pid(cluster, launch, tmp_path):
+    """Two programs with an embedded cluster each: the newest is shown, the other named with the option
+    that shows it (``--pid``).  The second program here is a plain process whose published file names the
+    suite's cluster: the status command finds programs through these files and nothing else."""
+    import socket
+
+    from rlinf.scheduler.tools import status_dir
+
+    launch(Sleeper, name="status_two")
+    directory = os.environ["RLINF_STATUS_DIR"]
+    other = subprocess.Popen(["sleep", "60"], cwd=str(tmp_path))
+    path = os.path.join(directory, f"ray-{socket.gethostname()}-{other.pid}.json")
+    try:
+        started = status_dir._started(other.pid)
+        import ray
+
+        status_dir.publish(os.path.basename(path), {
+            "launcher": "ray", "pid": other.pid, "host": socket.gethostname(), "boot": status_dir._boot(),
+            "started": started, "address": ray.get_runtime_context().gcs_address,
+            "token": os.environ["RAY_AUTH_TOKEN"]}, "ray")
+        os.utime(path, (time.time() + 5, time.time() + 5))  # the newest
+        env = user_env()
+        command = [sys.executable, "-m", "rlinf.scheduler", "status", "--timeout", "30"]
+        shown = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        assert shown.returncode == 0, shown.stderr[-3000:]
+        assert f"the embedded cluster of pid {other.pid}, sleep 60" in shown.stdout, shown.stdout
+        assert (f"2 programs run an embedded Ray cluster on this machine; shown: the newest.  Also running: "
+                f"pid {os.getpid()} (") in shown.stdout, shown.stdout
+        assert "python -m rlinf.scheduler status --pid PID" in shown.stdout
+        picked = subprocess.run(command + ["--json", "--pid", str(os.getpid())], capture_output=True, text=True,
+                                env=env, timeout=60)
+        assert picked.returncode == 0, picked.stderr[-3000:]
+        snap = json.loads(picked.stdout)
+        assert f"the embedded cluster of pid {os.getpid()}" in snap["address"] and snap["notes"] == [], snap
+        assert "status_two" in {g["name"] for g in snap["groups"]}
+        wrong = subprocess.run(command + ["--pid", "1"], capture_output=True, text=True, env=env, timeout=60)
+        assert wrong.returncode == 1 and "no embedded Ray cluster of pid 1 runs on this machine" in wrong.stderr
+        assert f"pid {other.pid} (sleep 60)" in wrong.stderr, wrong.stderr
+    finally:
+        other.kill()
+        other.wait(10)
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 def test_status_says_nothing_runs(cluster):

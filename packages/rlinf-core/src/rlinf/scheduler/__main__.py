@@ -64,6 +64,9 @@ def main(argv=None) -> int:
     st.add_argument("--json", action="store_true", help="print JSON instead of tables")
     st.add_argument("--timeout", type=float, default=5.0, help="seconds the command may take (default 5)")
     st.add_argument("--launcher", default=None, help="ask only this launcher plugin (default: every usable one)")
+    st.add_argument("--pid", type=int, default=None,
+                    help="the program (its process id) whose embedded cluster to show, where several run on this "
+                         "machine (default: the newest; the others are named)")
     args = parser.parse_args(argv)
     if args.command == "plugins":
         return _plugins()

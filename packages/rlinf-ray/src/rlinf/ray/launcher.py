@@ -34,7 +34,7 @@ from rlinf.scheduler.base.errors import GroupNameError, LaunchError, WorkerError
 from rlinf.scheduler.plugins.launcher import CallOutcome, Died, Failed, GroupRecord, Launcher, LauncherSession, PendingCall, Rejected, from_wire
 from rlinf.scheduler.plugins.placement import NodeInfo
 
-from . import embedded, logs
+from . import embedded, logs, loopback
 from .classes import share_class_tracker
 from .runtime_env import worker_runtime_env
 
@@ -49,7 +49,8 @@ _REGISTRY_TIMEOUT = 60.0
 
 def _prepare_environment(address: Optional[str]) -> None:
     """Settings that must be in place before ``import ray`` for a loopback-only local cluster."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if not address or loopback.is_loopback_address(address):  # never for a cluster that spans machines
+        loopback.stay_on_loopback()  # what Ray then takes for this node's address: loopback (see ``loopback``)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not address and not os.environ.get("RAY_AUTH_MODE") and not os.environ.get("RAY_AUTH_TOKEN"):
         # token auth without writing ~/.ray: the token lives in this process tree's environment.  The mode
@@ -59,8 +60,6 @@ def _prepare_environment(address: Optional[str]) -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
         if "ray" in sys.modules:  # a program that imported Ray first: Ray read the mode then; have it read again
             _reread_ray_config()
-    if "ray" in sys.modules:  # Ray read the cluster switch at import too: without it its servers listen on every address
-        _reread_cluster_switch()
     if not (logs.is_tty(sys.stdout) and logs.is_tty(sys.stderr)):  # worker lines (printed to the driver's stdout
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # and stderr) go to a file or a pipe: no colour codes there
 
@@ -73,23 +72,6 @@ def _reread_ray_config() -> None:
     except ImportError:  # a Ray without it reads the mode at ray.init
         return
     Config.initialize("")
-
-
-def _reread_cluster_switch() -> None:
-    """Give an already imported Ray the value of ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` now in the environment.
-
-    Ray reads it once, at import, into ``ray_constants.ENABLE_RAY_CLUSTER``; off, Ray takes loopback as this
-    node's address and an embedded cluster's servers listen on loopback only.  A program that imported Ray
-    before ``Cluster()`` would otherwise start a cluster listening on every address, which
-    ``embedded.check_loopback`` refuses.  A Ray without the constant is left as it is.
-    """
-    try:
-        from ray._private import ray_constants
-    except ImportError:
-        return
-    if hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
-        value = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "")
-        ray_constants.ENABLE_RAY_CLUSTER = value.lower() in ("1", "true")  # as Ray reads it
 
 
 def _ray_resource(node: NodeInfo) -> str:
@@ -127,6 +109,17 @@ def _ray_node_order(nodes: list[dict]) -> list[dict]:
     )
 
 
+def _ray_session_id(ray) -> Optional[str]:
+    """The directory of the Ray session this process is connected to (a new one after each ``ray.init``)."""
+    try:
+        return ray._private.worker._global_node.get_session_dir_path()
+    except Exception:  # not connected, or a Ray without it: the connection's identity is unknown
+        try:
+            return ray.get_runtime_context().get_job_id()
+        except Exception:
+            return None
+
+
 class RaySession(LauncherSession):
     #: async workers run as Ray async actors; sync workers with max_concurrency > 1 as threaded actors
     concurrency = ("async", "threads")
@@ -147,6 +140,7 @@ class RaySession(LauncherSession):
         self._groups: dict[str, tuple] = {}
         self._nodes_cache: Optional[list[NodeInfo]] = None
         self.watchdog = None  # the process that cleans up if this driver is killed
+        self._ray_session = _ray_session_id(ray)  # which ``ray.init`` this session lives in (``connected``)
         logs.install()  # in a driver that takes its workers' lines: a call's lines print before its results
 
     @staticmethod
@@ -462,6 +456,24 @@ class RaySession(LauncherSession):
             except Exception:
                 pass
 
+    def connected(self) -> bool:
+        """False once Ray was shut down under this session (``ray.shutdown()``, maybe followed by a new
+        ``ray.init``): its registry and actor handles belong to a cluster this process left."""
+        return self._ray.is_initialized() and _ray_session_id(self._ray) == self._ray_session
+
+    def discard(self) -> None:
+        """Forget the groups and handles of the Ray this process left; stop its watchdog (no Ray call)."""
+        self._groups.clear()
+        self._nodes_cache = None
+        if self._owns_cluster:
+            from .status import unpublish_embedded
+
+            unpublish_embedded()
+        if self.watchdog is not None:
+            self.watchdog.terminate()
+            self.watchdog.wait(10)
+            self.watchdog = None
+
     def shutdown(self):
         """Stop every group launched here (actors and placement groups), then disconnect."""
         for name in list(self._groups):
@@ -578,8 +590,9 @@ class RayLauncher(Launcher):
             ray.init(address="auto")
         return RaySession(owns_cluster=False)
 
-    def running_groups(self, timeout: float) -> Optional[dict]:
-        """The groups of every driver on the cluster at ``RAY_ADDRESS``, read from their registries."""
+    def running_groups(self, timeout: float, pid: Optional[int] = None) -> Optional[dict]:
+        """The groups of every driver on the cluster at ``RAY_ADDRESS``, read from their registries; or of the
+        embedded cluster of program ``pid`` (else of the newest one here)."""
         from .status import running_groups
 
-        return running_groups(timeout)
+        return running_groups(timeout, pid)

@@ -27,6 +27,7 @@ from typing import Optional
 from rlinf.scheduler.tools.status_dir import process_mark, published, runs_here
 
 from .embedded import listening_tcp
+from .loopback import is_loopback_address, stay_on_loopback
 from rlinf.scheduler.tools.status_dir import PublishedFile
 
 
@@ -42,12 +43,48 @@ def unpublish_embedded() -> None:
     _file.remove()
 
 
-def _embedded() -> Optional[tuple]:
-    """``(address, token, pid)`` of the newest embedded cluster of this machine still running, or None."""
+def _embedded_clusters() -> list:
+    """``(mtime, address, token, pid)`` of every embedded cluster of this machine still running, newest first."""
     found = [(mtime, body["address"], body.get("token"), body.get("pid"))
              for _path, body, mtime in published(f"ray-{socket.gethostname()}-*.json") or ()
              if runs_here(body) and isinstance(body.get("address"), str)]
-    return max(found, key=lambda entry: entry[0])[1:] if found else None
+    return sorted(found, key=lambda entry: -entry[0])
+
+
+def _program(pid) -> str:
+    """The command line of process ``pid`` (shortened), or ``""``."""
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
+            parts = [part.decode(errors="replace") for part in f.read().split(b"\0") if part]
+    except (OSError, ValueError, TypeError):
+        return ""
+    text = " ".join([os.path.basename(parts[0]), *parts[1:]] if parts else [])
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _described(pid) -> str:
+    program = _program(pid)
+    return f"pid {pid}" + (f" ({program})" if program else "")
+
+
+def _embedded(pid: Optional[int] = None) -> Optional[tuple]:
+    """``(address, token, pid, notes)`` of the embedded cluster of program ``pid``, else of the newest one
+    of this machine still running (the notes name the others and how to pick one); None if none runs."""
+    found = _embedded_clusters()
+    if pid is not None:
+        chosen = [entry for entry in found if entry[3] == pid]
+        if not chosen:
+            running = ", ".join(_described(entry[3]) for entry in found) or "none"
+            raise RuntimeError(f"no embedded Ray cluster of pid {pid} runs on this machine (running: {running})")
+        return (*chosen[0][1:], [])
+    if not found:
+        return None
+    notes = []
+    if len(found) > 1:
+        others = ", ".join(_described(entry[3]) for entry in found[1:])
+        notes.append(f"{len(found)} programs run an embedded Ray cluster on this machine; shown: the newest.  "
+                     f"Also running: {others}.  Show another with: python -m rlinf.scheduler status --pid PID")
+    return (*found[0][1:], notes)
 
 
 def _listener_uid(address: str) -> Optional[int]:
@@ -76,15 +113,18 @@ def _reachable(address: str, timeout: float) -> bool:
         return False
 
 
-def running_groups(timeout: float) -> Optional[dict]:
-    address = os.environ.get("RAY_ADDRESS")
-    shown = address
+def running_groups(timeout: float, pid: Optional[int] = None) -> Optional[dict]:
+    """The groups of the cluster at ``RAY_ADDRESS``, else of the embedded cluster of program ``pid``, else of
+    the newest embedded cluster of this machine (with a note naming the others)."""
+    address = None if pid is not None else os.environ.get("RAY_ADDRESS")
+    shown, notes = address, []
     if not address:
-        embedded = _embedded()
+        embedded = _embedded(pid)
         if embedded is None:
             return None
-        address, token, pid = embedded
-        shown = f"{address} (the embedded cluster of pid {pid})"
+        address, token, pid, notes = embedded
+        program = _program(pid)
+        shown = f"{address} (the embedded cluster of pid {pid}{', ' + program if program else ''})"
         owner = _listener_uid(address)
         if owner is not None and owner != os.getuid():  # the cluster is gone and someone else took its port
             raise RuntimeError(f"the embedded cluster of pid {pid} published {address}, but uid {owner} listens "
@@ -96,6 +136,8 @@ def running_groups(timeout: float) -> Optional[dict]:
     if not _reachable(address, min(1.0, timeout)):
         raise RuntimeError(f"no Ray cluster answers at {'RAY_ADDRESS=' + address if shown == address else shown}")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if is_loopback_address(address):  # else Ray's client would look for it at this machine's own address
+        stay_on_loopback()
     # Ray reads RAY_AUTH_MODE once, when it is imported: nothing of Ray is imported before this point
     import ray
 
@@ -108,7 +150,7 @@ def running_groups(timeout: float) -> Optional[dict]:
             raise RuntimeError(f"cannot join the Ray cluster at {address} (with token authentication on, set "
                                f"RAY_AUTH_MODE=token and RAY_AUTH_TOKEN as for its other clients): {type(exc).__name__}: "
                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
-    groups, notes = [], []
+    groups = []
     for entry in ray.util.list_named_actors(all_namespaces=True):
         if entry.get("name") != REGISTRY_ACTOR_NAME:
             continue

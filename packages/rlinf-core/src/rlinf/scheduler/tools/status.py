@@ -14,6 +14,7 @@ unpickled from a worker.
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import json
 import os
 import socket
@@ -40,7 +41,21 @@ class NothingRunning(RuntimeError):
     """No launcher sees a running cluster from here (or the one named cannot be reached)."""
 
 
-def _find(timeout: float, launcher: Optional[str]) -> dict:
+def _ask_launcher(finder, timeout: float, pid: Optional[int]):
+    """``finder(timeout)``, or with ``pid=`` (the program whose cluster to show) where one is asked for; a
+    finder that cannot pick a program (no ``pid`` parameter) is not asked then."""
+    if pid is None:
+        return finder(timeout)
+    try:
+        takes_pid = "pid" in inspect.signature(finder).parameters
+    except (TypeError, ValueError):
+        takes_pid = False
+    return finder(timeout, pid=pid) if takes_pid else None
+
+
+def _find(timeout: float, launcher: Optional[str], pid: Optional[int] = None) -> dict:
+    """The running cluster the first launcher (by priority) sees; the launchers after it are asked too (a
+    cheap look: they come after the one that found a cluster) and what they see is named in a note."""
     from ..plugins import get_registry
 
     registry = get_registry()
@@ -48,6 +63,7 @@ def _find(timeout: float, launcher: Optional[str]) -> dict:
         (p for p in registry.provided["launcher"].values() if not p.unusable_reason()),
         key=lambda p: -p.descriptor.priority)
     reasons = []
+    found = None
     for entry in entries:
         try:
             backend = entry.descriptor.factory()
@@ -57,20 +73,46 @@ def _find(timeout: float, launcher: Optional[str]) -> dict:
         finder = getattr(backend, "running_groups", None)
         if finder is None:
             continue
+        if found is not None:  # one is shown already: only say that this launcher sees another
+            if _sees_another(finder, entry.name, found):
+                break
+            continue
         hint = getattr(backend, "status_hint", "")
         _phase["now"] = f"asking the {entry.name} launcher for the running cluster{'; ' + hint if hint else ''}"
         try:
-            found = finder(timeout)
+            found = _ask_launcher(finder, timeout, pid)
         except RuntimeError as exc:
             if not any(str(exc) in reason for reason in reasons):  # one refused directory, said once
                 reasons.append(f"{entry.name}: {exc}")
             continue
-        if found is not None:
-            return found
+    if found is not None:
+        return found
     if reasons:
         raise NothingRunning("; ".join(reasons))
+    if pid is not None:
+        raise NothingRunning(f"no running rlinf cluster of pid {pid} found on this machine")
     raise NothingRunning("no running rlinf cluster found (set RAY_ADDRESS for a Ray cluster; an MPI job "
                          "publishes itself in " + _mpi_hint() + ")")
+
+
+#: launchers whose look for a cluster is cheap enough to make after another launcher found one
+_CHEAP_SECOND_LOOK = ("mpi",)
+
+
+def _sees_another(finder, name: str, found: dict) -> bool:
+    """Add a note to ``found`` if launcher ``name`` (one that only reads files) sees a cluster too."""
+    if name not in _CHEAP_SECOND_LOOK:
+        return False
+    try:
+        other = finder(0.5)
+    except Exception:
+        return False
+    if other is None:
+        return False
+    found.setdefault("notes", []).append(
+        f"the {name} launcher sees a running cluster too ({other.get('address', '')}): "
+        f"python -m rlinf.scheduler status --launcher {name}")
+    return True
 
 
 def _mpi_hint() -> str:
@@ -103,10 +145,11 @@ def _worker_row(record, state: str, snap: Optional[dict], detail: str) -> dict:
     return row
 
 
-def collect(timeout: float = DEFAULT_TIMEOUT, launcher: Optional[str] = None) -> dict:
-    """The cluster's groups, workers and channels (JSON-able); raises ``NothingRunning``."""
+def collect(timeout: float = DEFAULT_TIMEOUT, launcher: Optional[str] = None, pid: Optional[int] = None) -> dict:
+    """The cluster's groups, workers and channels (JSON-able); raises ``NothingRunning``.  ``pid``: the
+    program whose cluster to show, where several run on this machine."""
     start = time.monotonic()
-    found = _find(timeout, launcher)
+    found = _find(timeout, launcher, pid)
     records = found.get("groups", [])
     jobs = [(g, w) for g in records for w in g.workers]
     per_worker = max(0.2, min(WORKER_TIMEOUT, timeout - (time.monotonic() - start)))
@@ -202,7 +245,7 @@ def main(args) -> int:
     timer.daemon = True
     timer.start()
     try:
-        snap = collect(args.timeout, args.launcher)
+        snap = collect(args.timeout, args.launcher, getattr(args, "pid", None))
         text = json.dumps(snap, indent=1) if args.json else render(snap)
         code = 0
     except NothingRunning as exc:
