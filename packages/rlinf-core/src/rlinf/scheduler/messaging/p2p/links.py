@@ -5,9 +5,13 @@ incoming one arrives with its hello (``_on_accept``), which names the sender,
 or names a service (broadcasts, channels) that takes the connection instead.
 A newer connection from the same sender is queued behind the current one and
 read after it ends (``_promote``, ``_retire``), so nothing a sender sent is lost
-or reordered.  Links of peers that went away are closed the next time a
-connection is made (``_sweep``); one housekeeping thread per process closes
-outgoing links idle for ``RLINF_IDLE_LINK_TIMEOUT`` seconds, in the pair's turn.
+or reordered.  Links of peers that went away are closed (``_sweep``) the next
+time a connection is made, and by one housekeeping thread per process, which
+starts with the process's first link, incoming or outgoing, and sweeps every
+``SWEEP_INTERVAL`` seconds: a worker that only receives lets go of a dead
+sender's link, and of the shared memory its receiver keeps mapped for reuse,
+within that interval.  The same thread closes outgoing links idle for
+``RLINF_IDLE_LINK_TIMEOUT`` seconds, in the pair's turn.
 
 ``LinksMixin`` is one part of ``Communicator`` (communicator.py), which holds
 the state it uses.
@@ -29,6 +33,9 @@ from ...plugins.transport import Link, Transport
 from ...transports.ordering import SerialRunner, Turnstile
 
 log = logging.getLogger("rlinf.p2p")
+
+#: seconds between two sweeps of a process's links for peers that went away (at most)
+SWEEP_INTERVAL = 1.0
 
 
 @dataclass
@@ -102,6 +109,7 @@ class LinksMixin:
                 pair.queued.append((link, transport))
             self._cond.notify_all()
         self._sweep()
+        self._start_housekeeping()  # a worker that only receives sweeps too: a dead sender's segments go
 
     def _sweep(self) -> None:
         """Close the links of peers that went away (called whenever a connection is made)."""
@@ -133,9 +141,9 @@ class LinksMixin:
                 self._housekeeper.start()
 
     def _housekeep(self) -> None:
-        """Close idle outgoing links and ended incoming ones, and unmap broadcast segments kept from
-        sources gone quiet, a few times per idle timeout."""
-        interval = min(5.0, max(0.05, self._idle_timeout / 4))
+        """Close ended links (``SWEEP_INTERVAL``), idle outgoing ones, and unmap broadcast segments kept
+        from sources gone quiet (a few times per idle timeout)."""
+        interval = min(SWEEP_INTERVAL, max(0.05, self._idle_timeout / 4))
         while not self._closed.wait(interval):  # bounded: wakes every interval; close() ends it at once
             try:
                 self.close_idle_links()
