@@ -147,6 +147,7 @@ class Channel:
             with _lock:
                 if name not in _local:
                     _local[name] = LocalChannel(name, maxsize)
+                    _local[name].is_local = True  # RLinf's ``Channel.is_local``
                 return _local[name]
         cluster = cluster or Cluster()
         deadline = time.monotonic() + config.launch_timeout()
@@ -219,6 +220,9 @@ class Channel:
     def name(self) -> str:
         """The channel's name."""
         return self._name
+
+    #: RLinf's ``Channel.is_local``: False here; a ``local=True`` channel (an in-process one) says True
+    is_local = False
 
     def __repr__(self) -> str:
         return f"Channel({self._name!r})"

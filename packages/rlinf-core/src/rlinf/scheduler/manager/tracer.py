@@ -11,6 +11,11 @@ They do nothing while tracing is off in the process; tracing is on with
 with ``Cluster(cluster_cfg={..., "tracer": {"enable": True, "output_file":
 "trace_events.jsonl"}})``, which writes RLinf's JSONL file when the driver
 exits.  Any trace path ending in ``.jsonl`` is written as JSONL.
+
+``Tracer(path)`` is RLinf's manager itself, as RLinf builds it from the
+config: ``record(event)`` appends one Chrome trace event (a dict) as a line of
+the JSONL file at ``path``, and ``finalize()`` closes the file and returns its
+absolute path.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
+import os
+import threading
 from typing import Any, Callable, Optional
 
 from ..tracing import recorder, spans
@@ -27,6 +35,56 @@ class Tracer:
     """RLinf's tracer: class methods marking spans on the timeline (no-ops while tracing is off)."""
 
     MANAGER_NAME = "Tracer"
+
+    def __init__(self, output_file: str = "trace_events.jsonl"):
+        """RLinf's tracer manager: a JSONL file of Chrome trace events, opened for appending.
+
+        Args:
+            output_file (str | os.PathLike): the file (made if missing; events are appended).
+
+        Raises:
+            TypeError: ``output_file`` is not a path.
+            OSError: the file cannot be opened.
+        """
+        if not isinstance(output_file, (str, os.PathLike)):
+            raise TypeError(f"output_file must be a path, got {type(output_file).__name__}")
+        self._path = os.path.abspath(os.fspath(output_file))
+        folder = os.path.dirname(self._path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        self._file = open(self._path, "a", encoding="utf-8")
+        self._write_lock = threading.Lock()
+
+    @property
+    def output_file(self) -> str:
+        """The JSONL file's absolute path."""
+        return self._path
+
+    def record(self, event: dict) -> None:
+        """Append one Chrome trace event (``name``, ``ph``, ``ts``, ``pid``, ``tid``, ...) as a JSON line.
+
+        Args:
+            event: the event; JSON-ready values.
+
+        Raises:
+            TypeError: ``event`` is not a dict or not JSON-ready.
+            RuntimeError: the tracer was finalized.
+        """
+        if not isinstance(event, dict):
+            raise TypeError(f"event must be a dict, got {type(event).__name__}")
+        line = json.dumps(event) + "\n"
+        with self._write_lock:
+            if self._file is None:
+                raise RuntimeError(f"Tracer({self._path!r}) is finalized: it records no more events")
+            self._file.write(line)
+
+    def finalize(self) -> str:
+        """Flush and close the file (again: nothing more); returns its absolute path."""
+        with self._write_lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+        return self._path
 
     @classmethod
     def is_enabled(cls) -> bool:

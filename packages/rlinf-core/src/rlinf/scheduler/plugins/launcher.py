@@ -209,6 +209,14 @@ class LauncherSession(ABC):
     def shutdown(self) -> None:
         """Disconnect; an embedded cluster started by this session is stopped."""
 
+    def connected(self) -> bool:
+        """Whether the connection still stands; False once the program disconnected it behind rlinf's back
+        (``ray.shutdown()``): the next ``Cluster()`` then connects afresh.  Default: True."""
+        return True
+
+    def discard(self) -> None:
+        """Drop what this session holds after its connection went away (``connected()`` is False); no remote call."""
+
 
 class Launcher(ABC):
     """Factory of sessions; built by a ``LauncherPlugin``'s factory."""

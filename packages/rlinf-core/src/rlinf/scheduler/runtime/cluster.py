@@ -29,6 +29,7 @@ from ..plugins.placement import NodeInfo
 from ..plugins import get_registry
 from .. import tracing
 from ..base.hooks import hook
+from .cluster_helpers import ClusterHelpers
 
 _sessions: dict[str, LauncherSession] = {}
 _lock = threading.Lock()
@@ -63,10 +64,23 @@ DEFAULT_NODE_WAIT_TIMEOUT = 300.0
 _POLL = 0.5
 
 
+def _end_session(session: LauncherSession) -> None:
+    """``session`` is over: its groups end with it (``on_shutdown``)."""
+    _ended.add(session)
+    for fn in list(_on_shutdown):
+        fn(session)
+
+
 def _session_for(launcher: Optional[str], num_nodes: Optional[int], options: dict) -> LauncherSession:
     entry = get_registry().launcher(launcher)
     with _lock:
         session = _sessions.get(entry.name)
+        if session is not None and not session.connected():
+            # its connection went away under it (``ray.shutdown()`` in the program): start afresh
+            del _sessions[entry.name]
+            session.discard()
+            _end_session(session)
+            session = None
         if session is None:
             backend = entry.descriptor.factory()
             ctx = context.current()
@@ -183,7 +197,7 @@ def _wait_for_nodes(session: LauncherSession, wanted: int, timeout: float) -> li
             session.refresh_nodes()
 
 
-class Cluster:
+class Cluster(ClusterHelpers):
     """The set of nodes workers can be placed on.
 
     Made once in the driver (and again, to the same cluster, inside any worker
@@ -277,6 +291,20 @@ class Cluster:
         self._nodes = [_node_hardware(node, self._config) for node in self._nodes]
         if self._cfg is not None:
             tracing.on_cluster_config(self, self._cfg)  # RLinf's ``tracer`` section: record and write at exit
+
+    @classmethod
+    def has_initialized(cls) -> bool:
+        """Whether this process has a cluster connected (a ``Cluster`` made and not shut down)."""
+        with _lock:
+            sessions = list(_sessions.values())
+        return any(s.connected() for s in sessions)
+
+    @staticmethod
+    def get_alive_nodes() -> list[NodeInfo]:
+        """The nodes alive in this process's cluster now, ``NodeInfo`` each (RLinf: Ray's node records)."""
+        session = current_session()
+        session.refresh_nodes()
+        return list(session.nodes)
 
     @property
     def session(self) -> LauncherSession:
@@ -390,9 +418,7 @@ class Cluster:
         try:
             self._session.shutdown()
         finally:
-            _ended.add(self._session)
-            for fn in list(_on_shutdown):
-                fn(self._session)
+            _end_session(self._session)
 
     def __repr__(self) -> str:
         return f"Cluster(launcher={self.launcher_name!r}, num_nodes={self.num_nodes}, num_accelerators={self.num_accelerators})"

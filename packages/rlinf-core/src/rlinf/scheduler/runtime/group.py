@@ -457,6 +457,8 @@ class WorkerGroup:
         """The group's worker class."""
         return self._cls
 
+    worker_cls_name = property(lambda self: self._cls.__name__, doc="The worker class's name (RLinf's).")
+
     def execute_on(self, *ranks: int) -> "WorkerGroup":
         """Run the next call on these ranks only; returns the group, for chaining.
 
