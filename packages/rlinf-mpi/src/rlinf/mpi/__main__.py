@@ -96,6 +96,13 @@ def _line_buffered() -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--clean-shm"] and len(argv) == 2:  # a host's cleaner, started by its lowest rank
+        import json
+
+        from .runtime import clean_shm
+
+        clean_shm(json.loads(argv[1]))
+        return 0
     _line_buffered()
     if argv[:1] == ["--serve"]:  # a worker rank spawned by a driver (RLINF_LAUNCHER=mpi)
         from . import runtime, slot

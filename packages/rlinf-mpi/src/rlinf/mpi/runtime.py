@@ -6,14 +6,27 @@ traffic apart: ``ctrl`` carries launcher requests and replies, ``data`` carries
 transport messages, so neither can ever match the other's messages.
 
 mpi4py is imported only when a world is set up, never at plugin discovery.
+
+What MPICH keeps in ``/dev/shm`` (``mpich_shm_*``, a few MB per node) is removed
+by ``MPI_Finalize``; a job killed with SIGKILL would leave it there.  So the
+lowest rank on each host starts a cleaner (``python -m rlinf.mpi --clean-shm``,
+in a session of its own, so that a signal to the job's process group spares it),
+which watches that host's ranks and, once every one has ended, removes the
+segments they were seen mapping (``clean_shm``): this user's files only, each
+the very file seen (device and inode), and only while no process maps it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
+import stat
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -118,6 +131,7 @@ def _build(comm, mode: str) -> World:
         ip = _route_ip(ranks[0][0])
     ips = comm.allgather(ip)
     infos = [RankInfo(r, h, pid, gpus, ips[r]) for r, (h, pid, gpus) in enumerate(ranks)]
+    _start_cleaner(infos, comm.Get_rank(), hostname)
     return World(comm=comm, ctrl=comm.Dup(), data=comm.Dup(), mode=mode, ranks=infos)
 
 
@@ -219,3 +233,107 @@ def finalize() -> None:
     end_waits(2.0, f"MPI rank {_world.rank} on {socket.gethostname()}")  # threads waiting on MPI requests leave at their next test (a millisecond at most)
     if not MPI.Is_finalized():
         MPI.Finalize()
+
+
+# -- what the MPI library leaves in /dev/shm --------------------------------------------------
+SHM_DIR = "/dev/shm"
+#: the names MPICH gives its node-local segments there
+SHM_PREFIXES = ("mpich_shm_",)
+#: seconds between the cleaner's looks at whether the ranks still run
+_LOOK = 0.2
+#: seconds between its reads of what they map (segments made since it started)
+_MAPS_EVERY = 2.0
+
+
+def _started(pid) -> Optional[int]:
+    """When process ``pid`` started (``/proc/<pid>/stat`` field 22); None once it has ended (or is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _mapped_segments(pid) -> dict[str, tuple[int, int]]:
+    """The MPI library's files in ``SHM_DIR`` that process ``pid`` maps: name -> (device, inode)."""
+    found: dict[str, tuple[int, int]] = {}
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) < 6 or not parts[5].startswith(SHM_DIR + "/"):
+                    continue
+                name = parts[5].rstrip("\n")[len(SHM_DIR) + 1:]
+                if "/" in name or not name.startswith(SHM_PREFIXES) or name.endswith(" (deleted)"):
+                    continue
+                major, minor = (int(x, 16) for x in parts[3].split(":"))
+                found[name] = (os.makedev(major, minor), int(parts[4]))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def _start_cleaner(infos: list, rank: int, hostname: str) -> None:
+    """The lowest rank on this host starts the cleaner of this host's ranks (never raises)."""
+    local = [info for info in infos if info.hostname == hostname]
+    if not sys.platform.startswith("linux") or not local or local[0].rank != rank or not os.path.isdir(SHM_DIR):
+        return
+    spec = {"uid": os.geteuid(), "segments": _mapped_segments("self"),
+            "ranks": [(info.pid, _started(info.pid)) for info in local]}
+    try:
+        subprocess.Popen([sys.executable, "-m", "rlinf.mpi", "--clean-shm", json.dumps(spec)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True, cwd="/")
+    except OSError:
+        pass  # no cleaner: a killed job's segments stay, as without rlinf
+
+
+def _in_use(uid: int) -> set:
+    """(device, inode) of every segment a process of ``uid`` (any process, for root) maps now."""
+    used = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if uid and entry.stat().st_uid != uid:
+                    continue
+            except OSError:
+                continue
+            used.update(_mapped_segments(entry.name).values())
+    return used
+
+
+def clean_shm(spec: dict) -> None:
+    """The cleaner (``python -m rlinf.mpi --clean-shm SPEC``): wait until every rank in ``spec`` has ended,
+    then remove the segments they were seen mapping that are still this user's, the same files, unmapped.
+
+    A rank counts as running while its pid has the start time recorded, so a pid reused since is not
+    waited for.  The ranks' maps are read again every ``_MAPS_EVERY`` seconds while they run, for
+    segments made after the start."""
+    uid = int(spec["uid"])
+    segments = {name: tuple(ident) for name, ident in spec["segments"].items()}
+    ranks = [(pid, started) for pid, started in spec["ranks"] if started is not None]
+    next_read = 0.0
+    while True:  # bounded by the ranks' lives: the cleaner ends with the job
+        ranks = [(pid, started) for pid, started in ranks if _started(pid) == started]
+        if not ranks:
+            break
+        if time.monotonic() >= next_read:
+            for pid, _ in ranks:
+                segments.update(_mapped_segments(pid))
+            next_read = time.monotonic() + _MAPS_EVERY
+        time.sleep(_LOOK)
+    if not segments:
+        return
+    used = _in_use(uid)
+    for name, ident in segments.items():
+        path = os.path.join(SHM_DIR, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue  # removed by MPI_Finalize: the job ended normally
+        if stat.S_ISREG(st.st_mode) and st.st_uid == uid and (st.st_dev, st.st_ino) == ident and ident not in used:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
