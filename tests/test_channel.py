@@ -232,3 +232,16 @@ def test_a_channel_whose_host_was_stopped_is_created_afresh(cluster):
     assert _hosts["restartable"] is not host
     again.put("new", timeout=20)
     assert again.get(timeout=20) == "new" and again.qsize() == 0
+
+
+def test_a_get_batch_that_times_out_says_what_the_key_holds(cluster):
+    """Items put without ``weight=`` weigh 0, so ``get_batch(2)`` waits for its whole timeout: the error
+    says what the key holds and how to give items a weight, not only that it timed out."""
+    from rlinf.scheduler import CommTimeoutError
+
+    ch = Channel.create("batch_weightless")
+    for i in range(3):
+        ch.put(i)
+    with pytest.raises(CommTimeoutError, match=r"holds 3 item\(s\) of total weight 0, less than target_weight 2.*weight="):
+        ch.get_batch(2, timeout=0.3)
+    assert [ch.get(timeout=5) for _ in range(3)] == [0, 1, 2]  # nothing was taken

@@ -8,23 +8,67 @@ their deadlines, serving a key as far as its state allows, cancelling and
 expiring.  It is a part of ``server.ChannelServer``, which owns the state
 (``_queues``, ``maxsize``, ``_timers``, ``_compact_timers_at``, ``_seq``,
 ``_blocks``) and sends the replies (``_reply``); everything here runs on the
-host's loop.
+host's loop.  ``_Conn`` is one client's connection as the queues see it (its
+parked requests, items in flight, uncommitted puts); ``server`` imports this
+module, never the other way round.
 """
 
 from __future__ import annotations
 
 import collections
 import heapq
+import select
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+from .keys import show_key
+
 if TYPE_CHECKING:
-    from .server import _Conn
+    from ...plugins.transport import Link
+
+
+class _Conn:
+    """One client's connection: its link, its outbox, its parked requests and unacknowledged items.
+
+    Everything but the outbox belongs to the loop.  The outbox and the
+    ``scheduled`` flag are shared with the senders under ``lock``.
+    """
+
+    def __init__(self, link: Link, name: str):
+        self.link = link
+        self.name = name
+        self.alive = True
+        self.last_heard = time.monotonic()
+        self.fd = getattr(link, "poll_fd", lambda: None)()
+        self.last_progress = getattr(link, "last_progress", lambda: 0.0)  # bytes of a long message moving
+        #: request id -> (key, [(frames, weight), ...]) sent and not yet acknowledged
+        self.inflight: dict[int, tuple[str, list]] = {}
+        #: request id -> its parked waiter
+        self.parked: dict[int, _Waiter] = {}
+        #: request id -> (key, (frames, weight)): puts answered, not yet committed by the client
+        self.uncommitted: dict[int, tuple[str, tuple]] = {}
+        self.lock = threading.Lock()
+        self.outbox: collections.deque = collections.deque()  # (control, frames), in order
+        self.scheduled = False  # a sender owns the outbox, or the loop waits for the socket to drain
+        self.congested_since: Optional[float] = None  # loop: when the socket was found full
+        #: loop: dropped, until when its reader thread's last messages are awaited (see ``_lost``)
+        self.draining: Optional[float] = None
+        self._pollout = None
+        if self.fd is not None:
+            self._pollout = select.poll()
+            self._pollout.register(self.fd, select.POLLOUT)
+
+    def writable(self) -> bool:
+        """Whether the socket takes data now (always True for links without a descriptor)."""
+        return self._pollout is None or bool(self._pollout.poll(0))
+
 
 
 @dataclass(eq=False)
 class _Waiter:
-    conn: "_Conn"
+    conn: _Conn
     rid: int
     op: str
     key: str
@@ -195,6 +239,17 @@ class _KeyQueues:
             self._blocks.give_back(w.frames)
         return w.key
 
+    @staticmethod
+    def _timed_out(w: _Waiter, q: _Queue) -> str:
+        """Why a parked request ran out: for a ``get_batch``, what the key holds and how to fix it."""
+        if w.op != "get_batch" or not q.items:
+            return "timed out waiting"
+        weight = sum(wt for _, wt in q.items)
+        hint = (" (items put without weight= weigh 0: put(item, weight=...) gives each its weight)"
+                if weight == 0 else "")
+        return (f"timed out waiting: key {show_key(w.key)} holds {len(q.items)} item(s) of total weight {weight:g}, "
+                f"less than target_weight {w.target:g}{hint}")
+
     def _expire(self, now: float) -> None:
         while self._timers and self._timers[0][0] <= now:
             _, _, w = heapq.heappop(self._timers)
@@ -204,5 +259,5 @@ class _KeyQueues:
             self._unpark(q.putters if w.op == "put" else q.getters, w)
             if w.op == "put":
                 self._blocks.give_back(w.frames)
-            self._reply(w.conn, {"id": w.rid, "error": "Timeout", "message": "timed out waiting"})
+            self._reply(w.conn, {"id": w.rid, "error": "Timeout", "message": self._timed_out(w, q)})
             self._progress(w.key)  # a put that left may let a get_batch or a later put through

@@ -61,7 +61,6 @@ from __future__ import annotations
 import collections
 import itertools
 import queue
-import select
 import selectors
 import socket
 import threading
@@ -74,7 +73,7 @@ from ...plugins.transport import Link
 from .blocks import _BlockPool, _own
 from .keys import show_key
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
-from .queues import _MIN_TIMERS_COMPACT, _KeyQueues, _Queue, _Waiter
+from .queues import _MIN_TIMERS_COMPACT, _Conn, _KeyQueues, _Queue, _Waiter
 
 #: sender threads of one channel host (replies to all clients)
 SENDERS_ENV = "RLINF_CHANNEL_SENDERS"
@@ -85,42 +84,6 @@ _READ_BURST = 32
 _CHECK_EVERY = 0.25
 #: seconds a dropped connection read by a thread of its own waits for that thread's last messages
 _DRAIN_LIMIT = 5.0
-
-
-class _Conn:
-    """One client's connection: its link, its outbox, its parked requests and unacknowledged items.
-
-    Everything but the outbox belongs to the loop.  The outbox and the
-    ``scheduled`` flag are shared with the senders under ``lock``.
-    """
-
-    def __init__(self, link: Link, name: str):
-        self.link = link
-        self.name = name
-        self.alive = True
-        self.last_heard = time.monotonic()
-        self.fd = getattr(link, "poll_fd", lambda: None)()
-        self.last_progress = getattr(link, "last_progress", lambda: 0.0)  # bytes of a long message moving
-        #: request id -> (key, [(frames, weight), ...]) sent and not yet acknowledged
-        self.inflight: dict[int, tuple[str, list]] = {}
-        #: request id -> its parked waiter
-        self.parked: dict[int, _Waiter] = {}
-        #: request id -> (key, (frames, weight)): puts answered, not yet committed by the client
-        self.uncommitted: dict[int, tuple[str, tuple]] = {}
-        self.lock = threading.Lock()
-        self.outbox: collections.deque = collections.deque()  # (control, frames), in order
-        self.scheduled = False  # a sender owns the outbox, or the loop waits for the socket to drain
-        self.congested_since: Optional[float] = None  # loop: when the socket was found full
-        #: loop: dropped, until when its reader thread's last messages are awaited (see ``_lost``)
-        self.draining: Optional[float] = None
-        self._pollout = None
-        if self.fd is not None:
-            self._pollout = select.poll()
-            self._pollout.register(self.fd, select.POLLOUT)
-
-    def writable(self) -> bool:
-        """Whether the socket takes data now (always True for links without a descriptor)."""
-        return self._pollout is None or bool(self._pollout.poll(0))
 
 
 class ChannelServer(_KeyQueues):
