@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from user_env import user_env
+
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 
 
@@ -33,10 +35,7 @@ def test_examples_run():
     examples = _demo_examples()
     # the demo runs every example there is (the plugin example is a package, tested on its own)
     assert sorted(examples) == sorted(f for f in os.listdir(EXAMPLES_DIR) if f.endswith(".py") and f != "run_all.py")
-    env = dict(os.environ)  # what run_all.py gives each example
-    env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env = user_env()  # a user's shell: none of hatch.toml's env-vars (run_all.py adds none either)
     runs = {}
     try:
         # the slowest (communication.py: two groups of four) first, so it overlaps the most

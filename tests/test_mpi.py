@@ -20,6 +20,8 @@ import time
 import psutil
 import pytest
 
+from user_env import user_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = shutil.which("mpiexec", path=BIN + os.pathsep + os.environ.get("PATH", ""))
@@ -31,8 +33,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RLINF_LAUNCHER", "RLINF_TEST_LAUNCHER")}
-    env.update(UCX_NET_DEVICES="lo", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1", **extra)
+    """A user's shell (none of hatch.toml's env-vars: ``python -m rlinf.mpi`` is a command users run; a
+    suite run under MPI gets the suite's settings from tests/conftest.py) with the MPI of this environment."""
+    env = user_env(PYTHONUNBUFFERED="1", **extra)
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
     return env
 

@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from user_env import user_env
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -27,9 +29,8 @@ def make_dist(root, dist, version, entry_points: dict, modules: dict):
 
 
 def run(code, extra_path=None, **env):
-    full_env = dict(os.environ)
+    full_env = user_env()  # a user's shell: none of hatch.toml's env-vars
     full_env.pop("RLINF_PLUGINS", None)
-    full_env.pop("RLINF_LAUNCHER", None)
     full_env.update(env)
     if extra_path:
         full_env["PYTHONPATH"] = os.pathsep.join([str(extra_path), full_env.get("PYTHONPATH", "")])
@@ -57,7 +58,8 @@ def test_listing_shows_builtin_and_ray():
 
 
 def test_module_cli_entry():
-    out = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "plugins"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "rlinf.scheduler", "plugins"], capture_output=True, text=True, timeout=60,
+                         env=user_env())
     assert out.returncode == 0 and "ray" in out.stdout
 
 
