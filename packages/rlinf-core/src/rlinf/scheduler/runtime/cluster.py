@@ -48,8 +48,19 @@ def on_shutdown(fn):
 
 
 def is_ended(session) -> bool:
-    """Whether ``session`` was shut down (its groups are gone with it)."""
-    return session in _ended
+    """Whether ``session`` was shut down (its groups are gone with it), by ``Cluster.shutdown`` or under it
+    (``ray.shutdown()``: then it is dropped now, and the next ``Cluster()`` connects afresh)."""
+    if session in _ended:
+        return True
+    if session.connected():
+        return False
+    with _lock:
+        for name, known in list(_sessions.items()):
+            if known is session:
+                del _sessions[name]
+    session.discard()
+    _end_session(session)
+    return True
 
 def _driver_session() -> Optional[LauncherSession]:
     with _lock:
@@ -79,8 +90,11 @@ def _session_for(launcher: Optional[str], num_nodes: Optional[int], options: dic
             # its connection went away under it (``ray.shutdown()`` in the program): start afresh
             del _sessions[entry.name]
             session.discard()
-            _end_session(session)
+            _ended.add(session)
+            stale = session
             session = None
+        else:
+            stale = None
         if session is None:
             backend = entry.descriptor.factory()
             ctx = context.current()
@@ -93,6 +107,8 @@ def _session_for(launcher: Optional[str], num_nodes: Optional[int], options: dic
             # forward it to the workers with the other RLINF_* settings (inside the worker spec)
             security.cluster_secret()
             _sessions[entry.name] = session
+    if stale is not None:
+        _end_session(stale)  # its groups end with it (outside the lock: the callbacks may take their own)
     tracing.on_driver_connect()  # RLINF_TRACE: record from now on, write the file at exit
     return session
 

@@ -1,7 +1,7 @@
 """RLinf's worker utilities on ``Worker``: device lock, free ports, profiling, names, liveness.
 
 * ``device_lock``: workers sharing an accelerator on a node hold it one at a
-  time, across groups; a worker that dies holding it frees it (``worker.locks``).
+  time, across groups; a worker that dies holding it frees it (``worker.lock``).
 * ``acquire_free_port()``: a port free when handed that no other worker of the
   node is handed while this one lives.
 * ``start_profile(step)`` / ``stop_profile()``: a ``torch.profiler`` window,
@@ -29,7 +29,7 @@ from ..cluster import Cluster
 from ..cluster.allocation import apply_allocated_env
 from ..cluster.utils import load_user_extension_module
 from ..runtime.cluster_helpers import ProfileSettings, default_profile_output_dir, profile_output_prefix
-from .locks import DeviceLock, acquire_port
+from .lock import DeviceLock, acquire_port
 
 #: how many ports ``acquire_free_port`` tries by default (RLinf's)
 DEFAULT_PORT_TRIES = 10000
@@ -104,7 +104,7 @@ class WorkerUtilities:
     # -- device lock and ports ------------------------------------------------
     @property
     def device_lock(self) -> DeviceLock:
-        """This worker's ``DeviceLock`` (a context manager with ``acquire``/``release``; see ``worker.locks``)."""
+        """This worker's ``DeviceLock`` (a context manager with ``acquire``/``release``; see ``worker.lock``)."""
         lock = self.__dict__.get("_rlinf_device_lock")
         if lock is None:
             lock = self.__dict__.setdefault("_rlinf_device_lock", DeviceLock(self))

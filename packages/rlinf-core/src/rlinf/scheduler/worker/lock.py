@@ -188,6 +188,33 @@ def _bindable(port: int) -> bool:
             return False
 
 
+def lock_port(port: int) -> bool:
+    """Hand ``port`` to this process if no other live process of this user on the node has it (kept until exit).
+
+    Returns:
+        True if this process holds it now (also when it did already), False if another process does.
+    """
+    where = lock_dir()
+    with _port_mutex:
+        if port in _port_fds:
+            return True
+        fd = _open(os.path.join(where, f"port-{int(port)}.lock"))
+        if not _try_flock(fd):
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
+        _port_fds[port] = fd
+        return True
+
+
+def _unlock_port(port: int) -> None:
+    with _port_mutex:
+        fd = _port_fds.pop(port, None)
+    if fd is not None:
+        os.close(fd)
+
+
 def acquire_port(find_port, max_tries: int) -> int:
     """A port free now that no other live process of this user on the node was handed (held until exit).
 
@@ -198,21 +225,38 @@ def acquire_port(find_port, max_tries: int) -> int:
     Raises:
         RuntimeError: none of them could be had.
     """
-    where = lock_dir()
     for _ in range(max_tries):
         port = find_port()
         with _port_mutex:
-            if port in _port_fds:
-                continue  # this process has it already
-            fd = _open(os.path.join(where, f"port-{port}.lock"))
-            if not _try_flock(fd):
-                os.close(fd)
-                continue
-            if not _bindable(port):  # taken meanwhile by something that asked no lock
-                os.close(fd)
-                continue
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
-            _port_fds[port] = fd
-            return port
+            mine = port in _port_fds
+        if mine or not lock_port(port):
+            continue  # handed out already (to this process or another)
+        if not _bindable(port):  # taken meanwhile by something that asked no lock
+            _unlock_port(port)
+            continue
+        return port
     raise RuntimeError(f"Failed to acquire a free port after {max_tries} attempts.")
+
+
+class PortLock:
+    """RLinf's ``PortLock``: ports handed to one worker of the node (see ``lock_port``).
+
+    Args:
+        worker: the worker the ports are for.
+    """
+
+    def __init__(self, worker=None):
+        self._worker = worker
+
+    def acquire(self, port: int) -> bool:
+        """Lock ``port`` for this worker.
+
+        Args:
+            port: the port.
+
+        Returns:
+            True if this worker holds it now, False if another worker of the node does.
+        """
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+        return lock_port(port)
