@@ -426,6 +426,22 @@ def test_an_untaken_async_get_on_a_local_channel_gives_its_items_back():
     assert work.wait(1) == "fifth"
 
 
+def test_puts_are_pushed_only_to_a_host_that_says_it_is_unbounded(host):
+    """A host without ``maxsize`` says so in its put answers (the client's later puts go as one-way
+    pushes); a host with one never does, and refuses a push (a buggy or hostile client's) unqueued."""
+    unbounded, bounded = host("trust_push_unbounded"), host("trust_push_bounded", maxsize=1)
+    for h, says in ((unbounded, True), (bounded, None)):
+        producer = h.client("producer")
+        _, fut = producer.request({"op": "put", "key": "k", "weight": 0.0, "timeout": 5.0}, _frames("first"), blocking=True)
+        assert producer.wait_reply(fut, 7)[0].get("unbounded") is says
+        producer.push({"op": "put", "key": "k", "weight": 0.0}, _frames("pushed"))
+    consumer = unbounded.client("consumer")
+    assert [_get(consumer, "k", 2.0) for _ in range(2)] == ["first", "pushed"]
+    consumer = bounded.client("consumer")
+    assert _get(consumer, "k", 2.0) == "first"
+    assert _get(consumer, "k", 0.5) == ("error", "Timeout")  # the push was refused, not queued
+
+
 def test_a_commit_read_but_not_yet_handled_when_its_tcp_client_is_dropped_is_applied(host, monkeypatch):
     """On TCP the host reads each client on a thread of its own, which queues what it read for the
     loop.  If the loop drops the client (its heartbeat check, a send deadline) while the client's

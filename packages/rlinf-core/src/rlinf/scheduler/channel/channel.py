@@ -268,6 +268,8 @@ class Channel:
 
         def finish(reply):
             ctrl_back, items = reply
+            if ctrl_back.get("unbounded"):
+                client.unbounded = True  # the next puts go as pushes
             if "count" in ctrl_back:
                 # acknowledged before the user has the items, so no way the process ends redelivers them
                 # (nor one that fails to decode: never redeliver poison); PeerDiedError if it cannot be sent
@@ -276,6 +278,9 @@ class Channel:
             return decode(ctrl_back, items) if decode else ctrl_back.get("value")
 
         try:
+            if ctrl["op"] == "put" and client.unbounded and not ctrl.get("nowait"):
+                client.push(ctrl, frames, send_timeout)  # returned: it happened (see ChannelClient.push)
+                return _done(what) if async_op else None
             rid, fut = client.request(ctrl, frames, send_timeout, blocking=not async_op)
         except SendTimeout as exc:
             if ctrl.get("nowait") and not exc.busy:
@@ -452,6 +457,15 @@ class Channel:
             CommunicationError: the host failed or cannot be reached.
         """
         return self._call({"op": "full", "key": _check_key(key)}, timeout=config.default_timeout())
+
+
+def _done(what: str):
+    """The ``AsyncWork`` of an asynchronous put already made (a push)."""
+    from ..transports.async_work import AsyncWork
+
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    fut.set_result(None)
+    return AsyncWork(fut, what)
 
 
 def _raise_for(ctrl: dict, what: str, host: str) -> None:

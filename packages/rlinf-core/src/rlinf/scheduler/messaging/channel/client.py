@@ -85,6 +85,8 @@ class ChannelClient(_Commits):
         self._link_progress = getattr(link, "last_progress", lambda: 0.0)  # a link that cannot tell: never
         self._bursts = link.poll_fd() is not None  # its recv_nowait works: a reader takes what is there in one go
         self._ids = itertools.count(1)
+        #: the host said it has no maxsize (in a put's reply): puts go as one-way pushes (``push``)
+        self.unbounded = False
         self._pending: dict[int, concurrent.futures.Future] = {}
         #: asynchronous puts a reader claimed to commit, until handed over: their commit decides their outcome
         self._claimed: dict[int, _Reply] = {}
@@ -431,27 +433,49 @@ class ChannelClient(_Commits):
         try:
             self._send([pack(ctrl), *frames], limit)
         except BaseException as exc:
-            if not isinstance(exc, Exception):  # interrupted: part of the message, or all of it, may have gone
-                with self._lock:
-                    self._pending.pop(rid, None)
-                    self._blocking.discard(rid)
-                self.fail(f"{self._connection()} was given up: {type(exc).__name__} interrupted a send on it")
-                raise
             with self._lock:
                 self._pending.pop(rid, None)
                 self._blocking.discard(rid)
-            if isinstance(exc, TimeoutError) and self._link.is_open():
-                if acks:
-                    self._acks.extendleft(reversed(acks))  # not sent: they ride on the next message
-                if isinstance(exc, LinkBusy):
-                    raise SendTimeout(f"another send on the connection held it for {limit:g} s", busy=True) from None
-                raise SendTimeout(f"the transport took no part of the request within {limit:g} s") from None
-            reason = f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}"
-            self.fail(reason)  # a message broken midway leaves the stream unusable
-            raise PeerDiedError(reason, peer=self.host) from None
+            self._send_failed(exc, acks, limit)
         if not blocking:
             self._nudge()
         return rid, fut
+
+    def _send_failed(self, exc: BaseException, acks: Optional[list], limit: float) -> None:
+        """Raise for a request whose send failed: ``SendTimeout`` if nothing of it was sent (its ``acks``
+        ride on the next message), else the connection is given up (a message broken midway leaves the
+        stream unusable) and ``PeerDiedError``, or the interrupt, is raised."""
+        if not isinstance(exc, Exception):  # interrupted: part of the message, or all of it, may have gone
+            self.fail(f"{self._connection()} was given up: {type(exc).__name__} interrupted a send on it")
+            raise exc
+        if isinstance(exc, TimeoutError) and self._link.is_open():
+            if acks:
+                self._acks.extendleft(reversed(acks))  # not sent: they ride on the next message
+            if isinstance(exc, LinkBusy):
+                raise SendTimeout(f"another send on the connection held it for {limit:g} s", busy=True) from None
+            raise SendTimeout(f"the transport took no part of the request within {limit:g} s") from None
+        reason = f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}"
+        self.fail(reason)
+        raise PeerDiedError(reason, peer=self.host) from None
+
+    def push(self, ctrl: dict, frames, send_timeout: Optional[float] = None) -> None:
+        """Send a put to a host that always has room (``unbounded``), as a ``push`` it appends as it
+        reads it: no reply, no commit.  Returns once the message was handed whole to the connection, so
+        the put happened (the host applies the whole messages a departed client left); raises as
+        ``request`` does if it was not (``SendTimeout``: nothing was sent)."""
+        limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
+        self._send_abandoned(limit)
+        if self._dead:
+            raise PeerDiedError(self._dead, peer=self.host)
+        ctrl["op"] = "push"
+        ctrl.pop("timeout", None)
+        acks = self._take_acks() if self._acks else None
+        if acks:
+            ctrl["acks"] = acks
+        try:
+            self._send([pack(ctrl), *frames], limit)
+        except BaseException as exc:
+            self._send_failed(exc, acks, limit)
 
     def _send_abandoned(self, limit: Optional[float] = None, when_idle: bool = False) -> None:
         """Send the cancels of requests given up by garbage collection (or not sent before); stops at

@@ -16,17 +16,24 @@ is telling they succeeded: only now do their items reach consumers, in the
 order of ``ids``; it may carry ``acks`` too; a put taken and never committed
 is dropped on a cancel or when the connection ends, so a put whose caller got
 an error never happened)
-and ``cancel`` (``target``: the request was given up; a parked request or an
+``cancel`` (``target``: the request was given up; a parked request or an
 uncommitted put is dropped, an item already sent for it goes back to the head
-of its queue).
+of its queue), and ``push`` (a put already made, appended as it is read: a
+host without ``maxsize`` says so in its put answers (``unbounded``), and the
+client sends its later puts this way, returning once the message was handed
+to the connection; a host with a ``maxsize`` refuses it).
+
+A consumer's client acknowledges a get's items with an ``ack`` of their own
+before the call returns them, so no way the consumer ends (returning,
+stopped, exiting, killed) has them delivered again.
 
 Why a put's outcome is what its caller was told:
 
-* *A call that returned happened.*  The client hands a put's commit to the
-  connection before the caller (or its asynchronous work) hears that it
-  succeeded.  A message handed over reaches the host whole even if the
+* *A call that returned happened.*  The client hands a put's commit (or its
+  push) to the connection before the caller (or its asynchronous work) hears
+  that it succeeded.  A message handed over reaches the host whole even if the
   client's process dies or the connection is given up right after: the host
-  reads the whole messages a departed client left (commits and acks) before it
+  reads the whole messages a departed client left (commits, pushes and acks) before it
   drops that client's uncommitted puts.  Only the host's own death loses it.
 * *A call that raised did not happen.*  A commit is sent only for a caller that
   can no longer get an error: every failure before it (a timeout, a lost

@@ -98,7 +98,7 @@ class _KeyQueues:
         """Take a put: its item holds a place in ``key``'s queue, seen by consumers once committed."""
         q.uncommitted += 1
         conn.uncommitted[rid] = (key, (item, weight))
-        self._reply(conn, {"id": rid})
+        self._reply(conn, {"id": rid} if self.maxsize else {"id": rid, "unbounded": True})
 
     def _commit(self, conn: _Conn, ids) -> None:
         """The client tells the callers of these puts that they succeeded: their items join their queues

@@ -285,7 +285,15 @@ class ChannelServer(_KeyQueues):
         self._acked(conn, ctrl.get("ids", ()) if op == "ack" else ctrl.get("acks", ()))
         if op == "commit":
             self._commit(conn, ctrl.get("ids", ()))
+        elif op == "push" and not self.maxsize:  # a put that returned: it happened
+            self._push(ctrl, frames[1:])
         return True
+
+    def _push(self, ctrl: dict, item: list) -> None:
+        """Append a pushed put (one-way, only to a host without maxsize: it always has room) and serve its key."""
+        key = str(ctrl.get("key", "default_queue"))
+        self._queues.setdefault(key, _Queue()).items.append((_own(item, self._blocks), float(ctrl.get("weight", 0))))
+        self._progress(key)
 
     def _acked(self, conn: _Conn, ids) -> None:
         for i in ids:
@@ -456,6 +464,10 @@ class ChannelServer(_KeyQueues):
             return
         if op == "commit":
             return self._commit(conn, ctrl.get("ids", ()))
+        if op == "push":
+            if self.maxsize:  # a client that never heard the host is unbounded: refused like a bad frame
+                raise ValueError(f"a push on channel {self.name!r}, which has a maxsize ({self.maxsize})")
+            return self._push(ctrl, item)
         if op == "ping":
             return self._reply(conn, {"id": 0, "op": "pong"})
         if op == "bye":  # the client closes once answered: everything it sent before has been handled
