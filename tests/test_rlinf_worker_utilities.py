@@ -98,6 +98,21 @@ def test_device_lock_without_accelerators_is_a_no_op(launch):
     assert group.own_lock().wait(timeout=30) == [[]]
 
 
+def test_device_lock_keys_are_the_node_ids_of_the_workers_own_devices(monkeypatch):
+    """The ids come from the worker's visible-devices list (what its launcher set), indexed by its own devices."""
+    import dataclasses
+
+    from rlinf.scheduler.worker.lock import DeviceLock
+
+    monkeypatch.setenv("RLINF_WORKER_ACCELERATOR", "nvidia")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,7")
+    worker = Worker()
+    worker._worker_info = dataclasses.replace(worker.worker_info, available_gpus=[2, 0])
+    assert worker.accelerator_ids == ["7", "4"]
+    assert DeviceLock(worker).accelerator_ids == ["4", "7"]  # taken in id order: two workers never deadlock
+    assert worker.hardware_type == "Accelerator"
+
+
 def test_groups_asking_for_ports_at_once_get_distinct_free_ports(launch):
     a = launch(Holder, placement=NodePlacementStrategy([0, 0]))
     b = launch(Holder, placement=NodePlacementStrategy([0, 0]))
@@ -255,3 +270,37 @@ def test_extension_hook_allocate_profiler_window_and_a_new_cluster_after_ray_shu
     assert lines["OLD"] == "True"
     assert [line for line in proc.stdout.splitlines() if line.startswith("AGAIN")] == [
         "AGAIN 0 ['0'] True"]
+
+
+def test_dynamic_scheduler_paths_helpers_and_a_clear_error_for_the_rest():
+    from rlinf.scheduler.dynamic_scheduler.manager import RolloutScalingScheduler
+    from rlinf.scheduler.dynamic_scheduler.scheduler_worker import SchedulerWorker
+    from rlinf.scheduler.dynamic_scheduler.utils import (
+        get_scheduler_channel, get_scheduler_request_queue, get_scheduler_response_queue, get_valid_dp_sizes)
+
+    assert get_scheduler_channel("rollout", 2) == "dynamic_scheduler_channel_for_rollout_2"
+    assert (get_scheduler_request_queue(), get_scheduler_response_queue()) == (
+        "dynamic_scheduler_request_queue", "dynamic_scheduler_response_queue")
+    cfg = {"algorithm": {"group_size": 4, "n_minibatches": 2}, "data": {"rollout_batch_size": 8}}
+    assert get_valid_dp_sizes(cfg, total_gpus=8, model_parallel_size_with_cp=2) == [1, 2, 4]  # 16 per iteration
+    with pytest.raises(AssertionError, match="divisible"):
+        get_valid_dp_sizes({**cfg, "algorithm": {"group_size": 3, "n_minibatches": 5}}, 8, 1)
+    for cls in (RolloutScalingScheduler, SchedulerWorker):
+        with pytest.raises(NotImplementedError, match="RLinf application logic"):
+            cls(None)
+
+
+def test_extension_module_and_rank_config_at_rlinf_paths(tmp_path, monkeypatch):
+    from rlinf.scheduler.cluster import load_user_extension_module
+    from rlinf.scheduler.cluster.utils import parse_rank_config
+
+    name = f"ext_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text("CALLS = []\n\ndef register():\n    CALLS.append(1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("RLINF_EXT_MODULE", name)
+    load_user_extension_module()
+    load_user_extension_module()  # once per process
+    assert sys.modules[name].CALLS == [1]
+    monkeypatch.setenv("RLINF_EXT_MODULE", "no_such_module_here_at_all")
+    load_user_extension_module()  # logged, not raised (RLinf)
+    assert parse_rank_config("0-2,5", range(8), "node") == [0, 1, 2, 5]
