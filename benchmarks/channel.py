@@ -19,6 +19,17 @@ queues.  Then the slow-consumer case: the same load on a bounded channel
 key 7's producers wait on a full queue; producers of the other 7 keys should
 keep the rate they have when every consumer is fast (target: at least 0.5x).
 
+Latency and one stream (``--stream-messages``, 10,000 by default), between the
+two workers of one group, in the same run: a ping-pong of a small dict
+through two channels (rank 0 puts on "ping", rank 1 gets it and puts on
+"pong", rank 0 gets it: 2 puts and 2 gets) against the same exchange by p2p
+``send``/``recv`` between them and two plain processes bouncing 100 bytes
+over a loopback TCP socket (target: at most 3x p2p); one stream of small
+dicts from rank 0 to rank 1, with ``put(..., async_op=True)`` (waited on at
+the end) against the same stream by p2p ``send``/``recv`` (target: at least
+0.5x), and with synchronous puts against one item per p2p round trip
+(target: at least 0.5).
+
 ``--with-rlinf`` also runs the same work on RLinf 0.3.0's ``Channel`` (its own
 virtual environment and Ray, after this run's cluster has stopped; see
 ``rlinf_baseline.py``; the Ray queues are not run again there): an RLinf
@@ -29,9 +40,12 @@ and the target ">= 1x RLinf" on each row RLinf ran.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import socket
 import time
 
-from common import Target, add_run_options, close_cluster, local_cluster, parse, print_table, save_bar_plot
+from common import (SMALL_MESSAGE, RoundTripPeer, Target, add_run_options, close_cluster, local_cluster, parse, print_table,
+                    save_bar_plot)
 
 import rlinf_baseline
 
@@ -69,6 +83,128 @@ class Endpoint(Worker):
             item = queue.get()
             del item
         return start, time.perf_counter()
+
+
+class PairPeer(RoundTripPeer):
+    """Rank 0 and rank 1 of one group: channel and p2p ping-pongs and streams between them."""
+
+    def __init__(self):
+        super().__init__()
+
+    def p2p_round_trip(self, n, warmup):
+        return self._time_round_trips(self._round_trip, n, warmup)
+
+    def channel_round_trip(self, ch, n, warmup):
+        if self._rank == 0:
+            def one(msg):
+                ch.put(msg, key="ping")
+                ch.get(key="pong")
+        else:
+            def one(_msg):
+                ch.put(ch.get(key="ping"), key="pong")
+        return self._time_round_trips(one, n, warmup)
+
+    def p2p_stream(self, n):
+        name, msg = self.worker_group_name, dict(SMALL_MESSAGE)
+        start = time.perf_counter()
+        for _ in range(n):
+            if self._rank == 0:
+                self.send(msg, name, 1)
+            else:
+                self.recv(name, 0)
+        return start, time.perf_counter()
+
+    def channel_stream(self, ch, n, async_op):
+        msg = dict(SMALL_MESSAGE)
+        start = time.perf_counter()
+        if self._rank == 0:
+            works = [ch.put(msg, key="stream", async_op=async_op) for _ in range(n)]
+            if async_op:
+                for w in works:
+                    w.wait()
+        else:
+            for _ in range(n):
+                ch.get(key="stream")
+        return start, time.perf_counter()
+
+
+def _both(group, method, *args):
+    """Run ``method`` on rank 0 and rank 1 at once; their results."""
+    calls = [getattr(group.execute_on(r), method)(*args) for r in (0, 1)]
+    return [c.wait()[0] for c in calls]
+
+
+def _socket_echo(port, n):
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(n):
+            s.sendall(_recv_exact(s, 100))
+
+
+def _recv_exact(s, size):
+    buf = b""
+    while len(buf) < size:
+        chunk = s.recv(size - len(buf))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return buf
+
+
+def socket_round_trip(n: int, warmup: int) -> float:
+    """Seconds per round trip of 100 bytes between two plain processes over loopback TCP."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    proc = multiprocessing.get_context("spawn").Process(target=_socket_echo, args=(listener.getsockname()[1], n + warmup))
+    proc.start()
+    try:
+        conn, _ = listener.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        payload = b"x" * 100
+        for i in range(n + warmup):
+            if i == warmup:
+                start = time.perf_counter()
+            conn.sendall(payload)
+            _recv_exact(conn, 100)
+        took = (time.perf_counter() - start) / n
+        conn.close()
+    finally:
+        proc.join(10)
+        listener.close()
+    return took
+
+
+def latency_cases(cluster, n: int, warmup: int, stream: int) -> tuple[list, list, dict]:
+    """The ping-pong and one-stream rows, their targets and the figures (p2p and socket of the same run)."""
+    group = PairPeer.create_group().launch(cluster, NodePlacementStrategy([0, 0]), name="bench_pair")
+    ch = Channel.create("bench_latency")
+    try:
+        p2p_rtt = _both(group, "p2p_round_trip", n, warmup)[0]
+        ch_rtt = _both(group, "channel_round_trip", ch, n, warmup)[0]
+        sock_rtt = socket_round_trip(n, warmup)
+
+        def rate(spans):
+            return stream / (max(e for _, e in spans) - min(s for s, _ in spans))
+
+        _both(group, "p2p_stream", max(10, stream // 10))
+        _both(group, "channel_stream", ch, max(10, stream // 10), True)
+        p2p_rate = rate(_both(group, "p2p_stream", stream))
+        async_rate = rate(_both(group, "channel_stream", ch, stream, True))
+        sync_rate = rate(_both(group, "channel_stream", ch, stream, False))
+    finally:
+        group.stop()
+    per_rtt = sync_rate * p2p_rtt  # items per p2p round trip
+    rows = [["ping-pong, small dict (us per round)", f"{ch_rtt * 1e6:.0f}", f"{p2p_rtt * 1e6:.0f}", f"{sock_rtt * 1e6:.0f}",
+             f"{ch_rtt / p2p_rtt:.1f}x p2p (target <= 3), {ch_rtt / sock_rtt:.0f}x socket"],
+            [f"one stream of {stream}, async puts (items/s)", f"{async_rate:.0f}", f"{p2p_rate:.0f}", "",
+             f"{async_rate / p2p_rate:.2f}x p2p (target >= 0.5)"],
+            [f"one stream of {stream}, sync puts (items/s)", f"{sync_rate:.0f}", f"{1 / p2p_rtt:.0f} (1 per round trip)", "",
+             f"{per_rtt:.2f} item per p2p round trip (target >= 0.5)"]]
+    targets = [Target("channel ping-pong vs p2p ping-pong (time)", ch_rtt / p2p_rtt, "<=", 3.0),
+               Target("one stream, async puts vs p2p stream", async_rate / p2p_rate, ">=", 0.5),
+               Target("one stream, sync puts: items per p2p round trip", per_rtt, ">=", 0.5)]
+    return rows, targets, {"round trip": ch_rtt, "async stream": async_rate, "sync stream": sync_rate}
 
 
 LOAD_KEYS, LOAD_PER_KEY, LOAD_PROCESSES = 8, 4, 4
@@ -197,12 +333,16 @@ def main(argv=None):
     parser.add_argument("--load-messages", type=int, default=300, help="items per producer in the load cases")
     parser.add_argument("--slow-ms", type=float, default=20.0, help="sleep of the slow consumers after each get")
     parser.add_argument("--load-repeat", type=int, default=2, help="runs of each load case (best counts)")
+    parser.add_argument("--round-trips", type=int, default=2000, help="ping-pong rounds timed")
+    parser.add_argument("--stream-messages", type=int, default=10000, help="items of the one-stream rows")
     rlinf_baseline.add_option(parser)
-    add_run_options(parser, messages=20, warmup=5, load_messages=5, slow_ms=2.0, load_repeat=1)
+    add_run_options(parser, messages=20, warmup=5, load_messages=5, slow_ms=2.0, load_repeat=1, round_trips=20,
+                    stream_messages=50)
     args = parse(parser, argv)
     from ray.util.queue import Queue
 
     cluster = local_cluster()
+    lat_rows, lat_targets, lat = latency_cases(cluster, args.round_trips, max(5, args.round_trips // 10), args.stream_messages)
     prod = Endpoint.create_group().launch(cluster, NodePlacementStrategy([0]), name="bench_producer")
     cons = Endpoint.create_group().launch(cluster, NodePlacementStrategy([0]), name="bench_consumer")
     ours = Channel.create("bench_channel")
@@ -222,7 +362,8 @@ def main(argv=None):
     if args.with_rlinf:
         rl = rlinf_baseline.try_run_rlinf("channel", {
             "messages": args.messages, "warmup": args.warmup, "load_messages": args.load_messages,
-            "slow_ms": args.slow_ms, "load_repeat": args.load_repeat,
+            "slow_ms": args.slow_ms, "load_repeat": args.load_repeat, "round_trips": args.round_trips,
+            "stream_messages": args.stream_messages,
             "load_timeout": max(60.0, args.rlinf_timeout / 3)}, args.rlinf_timeout)
     rows = []
     for kind in KINDS:
@@ -239,6 +380,11 @@ def main(argv=None):
     if args.with_rlinf:
         series["RLinf 0.3.0 Channel"] = [rl["rates"][k]["concurrent"] if rl else NAN for k in KINDS]
     save_bar_plot("channel", "Concurrent put+get throughput", KINDS, series, "throughput (items/s)", log=True)
+    lat_header = ["case", "rlinf Channel", "p2p send/recv", "plain socket", "ratio"]
+    if args.with_rlinf:
+        lat_header += RLINF_HEADER
+        rlinf_targets += rlinf_latency_columns(lat_rows, lat, rl)
+    print_table("Latency and one stream between two workers, same run", lat_header, lat_rows)
     print_table(f"Channels under load, {args.load_messages} small dicts per producer, best of {args.load_repeat} (items/s)",
                 ["clients", "case", "rlinf Channel", "baseline", "ratio"] + RLINF_HEADER * args.with_rlinf, load_rows)
     series = {"rlinf Channel": [load["load"][0], load["slow"][0]],
@@ -249,7 +395,7 @@ def main(argv=None):
     save_bar_plot("channel_load", "32 producers x 32 consumers on 8 keys", ["all keys", "beside a slow consumer"],
                   series, "throughput (items/s)", log=True)
     ratio = {k: results[k][0]["concurrent"] / results[k][1]["concurrent"] for k in KINDS}
-    return [Target("1 MiB tensors concurrent vs Ray Queue", ratio["1 MiB tensor"], ">=", 2.0),
+    return [*lat_targets, Target("1 MiB tensors concurrent vs Ray Queue", ratio["1 MiB tensor"], ">=", 2.0),
             Target("small dicts concurrent vs Ray Queue", ratio["small dict"], ">=", 1.0), *load_targets,
             *rlinf_targets]
 
@@ -281,6 +427,24 @@ def rlinf_columns(rows: list, load_rows: list, results: dict, load: dict, rl: di
     why = failed if rl is None else f"n/a: RLinf's load run failed ({rl.get('load_error')})"
     add(load_rows[0], "load, all keys", load["load"][0], got["all"] if got else None, why)
     add(load_rows[1], "load, other keys beside a slow consumer", load["slow"][0], got["slow"] if got else None, why)
+    return targets
+
+
+def rlinf_latency_columns(rows: list, lat: dict, rl: dict | None) -> list:
+    """RLinf's figures on the latency and one-stream rows (in place); ">= 1x RLinf" targets where it ran."""
+    got = (rl or {}).get("latency")
+    targets = []
+    for row, measure in zip(rows, ("round trip", "async stream", "sync stream")):
+        theirs = None if got is None else got.get(measure)
+        if theirs is None:
+            row += ["failed (see above)" if rl is None else "n/a", ""]
+            continue
+        if measure == "round trip":
+            row += [f"{theirs * 1e6:.0f}", f"{theirs / lat[measure]:.2f}x (target >= 1)"]
+            targets.append(Target(f"{measure}: RLinf time / rlinf time", theirs / lat[measure], ">=", 1.0))
+        else:
+            row += [f"{theirs:.0f}", f"{lat[measure] / theirs:.2f}x (target >= 1)"]
+            targets.append(Target(f"{measure}: rlinf vs RLinf 0.3.0", lat[measure] / theirs, ">=", 1.0))
     return targets
 
 

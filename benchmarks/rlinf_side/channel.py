@@ -8,7 +8,10 @@ documented as not thread safe, and the load cases put from 8 threads of one
 worker, so they may fail or hang; the result then says so in ``load_error``.
 
 Prints: ``rates`` (kind -> mode -> items/s for "concurrent", "put-only",
-"get-only"), and ``load`` (items/s: ``all`` on the unbounded channel,
+"get-only"), ``latency`` (``round trip``: seconds per ping-pong of a small
+dict through two keys; ``async stream``/``sync stream``: items/s of one
+stream of small dicts, puts with and without ``async_op``; at most 200 rounds
+and 1,000 items: RLinf's round trip takes milliseconds), and ``load`` (items/s: ``all`` on the unbounded channel,
 ``fast`` and ``slow``: the other keys' rate on the bounded one without and
 with the slow key-7 consumers) or ``load_error``.
 """
@@ -53,6 +56,30 @@ class Endpoint(Worker):
         for _ in range(n):
             item = channel.get()
             del item
+        return start, time.perf_counter()
+
+    def ping_pong(self, channel, n, first):
+        """``first`` puts on "ping" and gets from "pong"; the other echoes: seconds per round."""
+        msg = {"step": 0, "reward": 0.5, "done": False, "info": "ok"}
+        start = time.perf_counter()
+        for _ in range(n):
+            if first:
+                channel.put(msg, key="ping")
+                channel.get(key="pong")
+            else:
+                channel.put(channel.get(key="ping"), key="pong")
+        return (time.perf_counter() - start) / n
+
+    def stream(self, channel, n, put, async_op):
+        msg = {"step": 0, "reward": 0.5, "done": False, "info": "ok"}
+        start = time.perf_counter()
+        if put:
+            works = [channel.put(msg, key="stream", async_op=async_op) for _ in range(n)]
+            for w in works if async_op else ():
+                w.wait()
+        else:
+            for _ in range(n):
+                channel.get(key="stream")
         return start, time.perf_counter()
 
 
@@ -138,6 +165,20 @@ def main() -> None:
     for kind in KINDS:
         run_case(prod, cons, channel, kind, warmup)
         out["rates"][kind] = run_case(prod, cons, channel, kind, messages)
+    try:  # RLinf's round trip is milliseconds: fewer rounds and items (rates and times are per item)
+        rounds, items = min(a.get("round_trips", 2000), 200), min(a.get("stream_messages", 10000), 1000)
+        lat = Channel.create("bench_latency")
+        p, c = prod.ping_pong(lat, rounds, True), cons.ping_pong(lat, rounds, False)
+        (rtt,), _ = p.wait(), c.wait()
+        latency = {"round trip": rtt}
+        for name, async_op in (("async stream", True), ("sync stream", False)):
+            p, c = prod.stream(lat, items, True, async_op), cons.stream(lat, items, False, async_op)
+            (ps, pe), = p.wait()
+            (cs, ce), = c.wait()
+            latency[name] = items / (max(pe, ce) - min(ps, cs))
+        out["latency"] = latency
+    except Exception as e:
+        out["latency_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if not a.get("load", True):
         _harness.emit(out)
         return _harness.shutdown()
