@@ -34,6 +34,9 @@ class Faulty(Worker):
     def pid(self):
         return os.getpid()
 
+    def exit_with(self, code):
+        os._exit(code)
+
     def sleep(self, seconds):
         time.sleep(seconds)
         return self._rank
@@ -69,6 +72,23 @@ def test_killed_worker_raises_within_seconds(launch):
     assert time.monotonic() - start < 10
     assert info.value.rank == 1 and info.value.group == "killed" and info.value.method == "sleep"
     assert "rank 1" in str(info.value)
+
+
+@survives_worker_death
+def test_a_worker_that_exited_says_how_and_a_later_call_says_it_was_dead_already(launch, caplog):
+    """os._exit(3) in a call: the error gives the exit code; the next call is not said to have killed it."""
+    group = launch(Faulty, placement=NodePlacementStrategy([0]), name="exits")
+    with pytest.raises(WorkerDiedError) as info:
+        group.exit_with(3).wait(timeout=60)
+    first = str(info.value)
+    assert "method 'exit_with' on group 'exits' rank 0" in first and "it exited with code 3" in first, first
+    assert "the worker process died at " in first, first
+    with caplog.at_level("WARNING", logger="rlinf.watch"), pytest.raises(WorkerDiedError) as info:
+        group.sleep(30).wait(timeout=60)
+    later = str(info.value)
+    assert "was already dead when 'sleep' was called: it died at " in later, later
+    assert "while running 'exit_with' (it exited with code 3" in later, later
+    assert not any("died while running 'sleep'" in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_wait_timeout_names_the_running_ranks(launch):
@@ -185,5 +205,9 @@ def test_argument_that_cannot_be_unpacked_in_the_worker(launch, tmp_path, monkey
     with pytest.raises(WorkerMethodError, match="could not start in the worker") as info:
         group.fail_on(driver_only_type.Broken()).wait(timeout=60)
     assert info.value.rank == 0 and info.value.method == "fail_on" and "driver_only_type" in str(info.value)
+    remote = (info.value.remote_traceback or "").splitlines()  # Ray colours its header line, and leaves
+    assert not any("\x1b" in line for line in remote), remote  # carets alone where it dropped the code line
+    assert all(remote[i - 1].startswith("    ") for i, line in enumerate(remote)
+               if line.strip() and set(line.strip()) <= set("^~")), remote
     assert group.fail_on(3).wait() == [0]  # the worker is fine
     sys.modules.pop("driver_only_type", None)

@@ -87,3 +87,33 @@ def test_a_channel_put_names_the_channel_the_key_and_the_field(launch, cluster):
     assert "channel 'unpicklable_items'" in message and "'rollouts'" in message, message
     with pytest.raises(UnpicklableError, match=r"item\['lock'\]"):
         Channel.connect("unpicklable_items").put({"lock": threading.Lock()})
+
+
+class Returns(Worker):
+    def state(self):
+        return {"ok": 1, "state": [1, Holder()]}
+
+    async def state_async(self):
+        return Batch(tokens=[1], state={"guard": threading.Lock()})
+
+    def fine(self):
+        return 7
+
+
+def test_a_return_value_that_cannot_be_pickled_names_the_method_and_the_field(launch):
+    """The method ran: its return value is what failed, named down to the field, not a call that could not
+    start; no terminal codes or Ray's serializer traceback come with it."""
+    from rlinf.scheduler import WorkerMethodError
+
+    group = launch(Returns, name="returns")
+    with pytest.raises(WorkerMethodError) as info:
+        group.state().wait(timeout=60)
+    text = str(info.value)
+    assert "method 'state' on group 'returns' rank 0" in text, text
+    assert "the method ran, but cannot pickle the return value of state(): result['state'][1].guard is a " \
+           "_thread.lock" in text, text
+    assert "could not start" not in text and "\x1b" not in text and "cloudpickle" not in text, text
+    assert group.fine().wait(timeout=60) == [7]  # the worker is fine
+    # a coroutine's result too (a worker with async methods is a Ray async actor: another forwarder)
+    with pytest.raises(WorkerMethodError, match=r"return value of state_async\(\): result\.state\['guard'\]"):
+        group.state_async().wait(timeout=60)

@@ -23,7 +23,7 @@ import ray
 
 from rlinf.scheduler.runtime.host import WorkerHost
 
-from . import logs
+from . import exits, logs, returns
 from .classes import share_class_tracker
 
 share_class_tracker()  # results and arguments keep the driver's classes
@@ -33,6 +33,8 @@ after_call = logs.after_call
 class RayWorkerActor:
     def __init__(self):
         self._rlinf_host = WorkerHost()
+        returns.install()  # a return value that cannot be pickled is named (see ``returns``)
+        exits.install()  # os._exit(code) leaves its code for the driver (see ``exits``)
         logs.baseline()  # what Ray wrote as the actor started is no call's output
 
     def _rlinf_reserve_master_port(self) -> int:
@@ -42,7 +44,7 @@ class RayWorkerActor:
         return after_call(self._rlinf_host.construct(spec, payload, master_port, "ray", ray.util.get_node_ip_address()))
 
     def _rlinf_execute(self, method, args, kwargs):
-        return after_call(self._rlinf_host.execute(method, args, kwargs))
+        return returns.expect(after_call(self._rlinf_host.execute(method, args, kwargs)), method)
 
     def _rlinf_ping(self):
         return self._rlinf_host.ping()
@@ -50,7 +52,7 @@ class RayWorkerActor:
 
 def _forwarder(name: str):
     def call(self, *args, **kwargs):
-        return after_call(self._rlinf_host.execute(name, args, kwargs))
+        return returns.expect(after_call(self._rlinf_host.execute(name, args, kwargs)), name)
 
     call.__name__ = name
     return call
@@ -58,14 +60,14 @@ def _forwarder(name: str):
 
 def _async_forwarder(name: str):
     async def call(self, *args, **kwargs):
-        return after_call(await self._rlinf_host.execute_async(name, args, kwargs))
+        return returns.expect(after_call(await self._rlinf_host.execute_async(name, args, kwargs)), name)
 
     call.__name__ = name
     return call
 
 
 async def _async_execute(self, method, args, kwargs):
-    return after_call(await self._rlinf_host.execute_async(method, args, kwargs))
+    return returns.expect(after_call(await self._rlinf_host.execute_async(method, args, kwargs)), method)
 
 
 #: Ray's default for async actors, kept when the group does not say

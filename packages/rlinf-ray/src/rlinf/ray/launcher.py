@@ -34,7 +34,7 @@ from rlinf.scheduler.base.errors import GroupNameError, LaunchError, WorkerError
 from rlinf.scheduler.plugins.launcher import CallOutcome, Died, Failed, GroupRecord, Launcher, LauncherSession, PendingCall, Rejected, from_wire
 from rlinf.scheduler.plugins.placement import NodeInfo
 
-from . import embedded, logs, loopback
+from . import embedded, exits, logs, loopback
 from .classes import share_class_tracker
 from .runtime_env import worker_runtime_env
 
@@ -508,14 +508,31 @@ _STILL_RUNNING = CallOutcome(True, None, {})
 
 
 def _rejected(exc) -> Rejected:
+    """What Ray's error for a call says: the worker could not unpack its arguments, or (``returns``) it ran
+    and its return value cannot be pickled, which is said as such (``RETURN_UNPICKLABLE``), without Ray's
+    traceback through its serializer."""
+    from rlinf.scheduler.base.unpicklable import RETURN_UNPICKLABLE, UnpicklableError
+
     cause = getattr(exc, "cause", None)
+    if isinstance(cause, UnpicklableError):
+        return Rejected(f"{RETURN_UNPICKLABLE}{cause}", "")
     return Rejected(f"{type(cause).__name__}: {cause}" if cause is not None else logs.plain(str(exc)).splitlines()[0],
-                    getattr(exc, "traceback_str", "") or str(exc))
+                    logs.plain_traceback(getattr(exc, "traceback_str", "") or str(exc)))
 
 
 def _death_reason(exc) -> str:
-    text = str(exc).strip().splitlines()
-    detail = next((line.strip() for line in text if "died" in line.lower() or "killed" in line.lower()), "")
+    """How the worker ended, from Ray's error: the exit code it gave ``os._exit`` (``exits``), else what Ray
+    says (a process that ended unexpectedly without recording a code was killed by a signal or crashed)."""
+    text = str(exc).strip()
+    fields = dict(line.strip().split(": ", 1) for line in text.splitlines() if line.startswith("\t") and ": " in line)
+    code = exits.exit_of(fields.get("ip"), fields.get("pid"))
+    if code is not None:
+        return f"it exited with code {code} (os._exit)"
+    if "connection error code" in text or "unexpectedly exits" in text:
+        return ("its process ended without an exit code of its own: killed by a signal (SIGKILL, the OOM killer) "
+                "or crashed")
+    lines = text.splitlines()
+    detail = next((line.strip() for line in lines if "died" in line.lower() or "killed" in line.lower()), "")
     return f"{type(exc).__name__}{': ' + detail if detail else ''}"
 
 

@@ -270,7 +270,9 @@ def _ray_print_parts(original):
         from ray._private import worker
     except ImportError:
         return None
-    if not (isinstance(original, functools.partial) and original.func is getattr(worker, "print_to_stdstream", None)):
+    ray_print = getattr(worker, "print_to_stdstream", None)
+    ray_print = getattr(ray_print, "__wrapped__", ray_print)  # ``_quiet_worker_deaths``' wrapper
+    if not (isinstance(original, functools.partial) and original.func is ray_print):
         return None
     if not all(hasattr(worker, n) for n in ("stdout_deduplicator", "stderr_deduplicator", "print_worker_logs")):
         return None
@@ -307,7 +309,51 @@ def plain(text: str) -> str:
     return _ESCAPE.sub("", text) if "\x1b" in text else text
 
 
+_CARETS = re.compile(r"^\s*[\^~]+[\s\^~]*$")
+
+
+def plain_traceback(text: str) -> str:
+    """A remote traceback as Ray gives it, made readable: no terminal escape sequences, and none of the
+    position markers (``^^^^``) left on lines of their own where Ray dropped the source line they mark.
+
+    Args:
+        text: a traceback.
+    """
+    lines = plain(text).splitlines()
+    kept = []
+    for i, line in enumerate(lines):
+        if _CARETS.match(line):
+            marks_code = i >= 2 and lines[i - 2].startswith("  File ") and lines[i - 1].startswith("    ")
+            if not marks_code:
+                continue
+        kept.append(line)
+    return "\n".join(kept)
+
+
 _printer: Optional[_Printer] = None
+
+
+#: how the raylet's report of a worker process that died begins (with lease, worker and node ids): rlinf
+#: reports the death itself, naming group, rank, node, method and how the process ended
+_RAYLET_DEATH = "A worker died or was killed while executing a task"
+
+
+def _quiet_worker_deaths(worker) -> None:
+    """Leave out the raylet's reports of dead worker processes, which Ray prints to the driver's terminal
+    (``print_to_stdstream`` with pid "raylet") besides the error rlinf raises and its warning."""
+    ray_print = getattr(worker, "print_to_stdstream", None)
+    if ray_print is None or hasattr(ray_print, "__wrapped__"):
+        return
+
+    def print_to_stdstream(data, *args, **kwargs):
+        if data.get("pid") == "raylet" and any(_RAYLET_DEATH in line for line in data.get("lines") or ()):
+            data = dict(data, lines=[line for line in data["lines"] if _RAYLET_DEATH not in line])
+            if not data["lines"]:
+                return None
+        return ray_print(data, *args, **kwargs)
+
+    print_to_stdstream.__wrapped__ = ray_print
+    worker.print_to_stdstream = print_to_stdstream
 
 
 def install() -> None:
@@ -331,6 +377,7 @@ def install() -> None:
     try:
         if worker.global_worker.mode != ray.SCRIPT_MODE:
             return  # a worker process: Ray forwards nothing to it
+        _quiet_worker_deaths(worker)
         with dispatcher._lock:
             handlers = list(dispatcher.handlers)
             for i, (name, handler) in enumerate(handlers):

@@ -20,6 +20,9 @@ import cloudpickle
 
 #: parts visited at most while looking for the one that does not pickle
 MAX_NODES = 2000
+#: how a launcher's reason for a rejected call begins when the method ran and its return value could not be
+#: pickled (not a call that could not start)
+RETURN_UNPICKLABLE = "the method ran, but "
 
 
 class UnpicklableError(TypeError):

@@ -47,7 +47,13 @@ class _Watch:
         for i, outcome in itertools.islice(finished.items(), self.seen, None):
             if type(outcome) is Died and i not in self.dead:
                 self.dead.add(i)
-                _log.warning("worker %s died while running %r: %s", _where(r, r._ranks[i]), r._method, outcome.reason)
+                earlier = r._group._death(r._ranks[i], r._method, outcome.reason, r._submitted)
+                if earlier:
+                    _log.warning("worker %s was already dead when %r was called: %s", _where(r, r._ranks[i]),
+                                 r._method, earlier)
+                else:
+                    _log.warning("worker %s died while running %r: %s", _where(r, r._ranks[i]), r._method,
+                                 outcome.reason)
         self.seen = len(finished)
         if self.threshold is None:
             self.threshold = stuck_after()

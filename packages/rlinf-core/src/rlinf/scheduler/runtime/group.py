@@ -28,7 +28,7 @@ from ..plugins.placement import PlacementStrategy, default_placement
 from ..plugins import get_registry
 from ..plugins import node_env
 from ..base.serialization import dumps_worker_payload, ship_run_time_modules_by_value
-from ..base.unpicklable import find_unpicklable, unpicklable_error
+from ..base.unpicklable import RETURN_UNPICKLABLE, find_unpicklable, unpicklable_error
 from ..base.timing import reduce_durations
 from ..tracing import collect
 from ..base.hooks import hook
@@ -126,7 +126,7 @@ class WorkerGroupFuncResult:
         errors = []
         for rank, outcome in zip(self._ranks, self._outcomes):
             if isinstance(outcome, Died):
-                errors.append(self._group._died(rank, self._method, outcome.reason))
+                errors.append(self._group._died(rank, self._method, outcome.reason, self._submitted))
             elif isinstance(outcome, Rejected):
                 errors.append(self._group._rejected(rank, self._method, outcome))
             elif not outcome.ok:
@@ -548,18 +548,34 @@ class WorkerGroup:
 
     def _rejected(self, rank: int, method: str, rejected: Rejected) -> WorkerError:
         info = self._records[rank].info
+        ran = rejected.reason.startswith(RETURN_UNPICKLABLE)  # the return value did not pickle
         return WorkerMethodError(
-            f"the call could not start in the worker: {rejected.reason}",
+            rejected.reason if ran else f"the call could not start in the worker: {rejected.reason}",
             group=self._name, rank=rank, node=info.node_id, node_ip=info.node_ip, method=method, pid=info.pid,
             remote_traceback=rejected.traceback or None, timestamp=time.time(),
         )
 
-    def _died(self, rank: int, method: str, reason: Any) -> WorkerError:
+    def _death(self, rank: int, method: str, reason: Any, submitted: float) -> Optional[str]:
+        """Note that ``rank`` was found dead by a call submitted at ``submitted`` (monotonic); return how an
+        earlier call found it dead if that was before this call was made (it was dead already), else None."""
+        deaths = self.__dict__.setdefault("_deaths", {})  # rank -> (monotonic, wall clock, method, reason)
+        earlier = deaths.get(rank)
+        if earlier is None:
+            deaths[rank] = (time.monotonic(), time.time(), method, reason)
+            return None
+        if earlier[0] >= submitted:
+            return None
+        when = time.strftime("%H:%M:%S", time.localtime(earlier[1]))
+        return f"it died at {when} while running {earlier[2]!r} ({earlier[3]})"
+
+    def _died(self, rank: int, method: str, reason: Any, submitted: Optional[float] = None) -> WorkerError:
         if isinstance(reason, WorkerError):
             return reason
         info = self._records[rank].info
+        earlier = self._death(rank, method, reason, time.monotonic() if submitted is None else submitted)
         return WorkerDiedError(
-            f"the worker process died ({reason})",
+            f"the worker process was already dead when {method!r} was called: {earlier}" if earlier else
+            f"the worker process died at {time.strftime('%H:%M:%S')} ({reason})",
             group=self._name,
             rank=rank,
             node=info.node_id,

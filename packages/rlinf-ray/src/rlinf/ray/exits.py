@@ -1,0 +1,67 @@
+"""How a worker process ended, for the driver's ``WorkerDiedError``.
+
+Ray tells the driver only that an actor's process died ("connection error
+code 2. End of file"): its exit status goes to the raylet that reaps it and
+is not logged.  A worker that ends itself with ``os._exit(code)`` (Python's
+``sys.exit`` in a call is reported as the call's error instead) records the
+code in the cluster's key-value store first (``install``, in the worker
+process; at most ``RECORD_TIMEOUT`` seconds, in a thread, so an exit never
+hangs), and the driver reads it when it finds the worker dead
+(``exit_of``).  A process killed by a signal (SIGKILL, the OOM killer) or
+one that crashed records nothing; the driver says so.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional
+
+#: seconds an exiting worker waits at most for its exit code to be recorded
+RECORD_TIMEOUT = 2.0
+_NAMESPACE = "rlinf_exits"
+_installed = False
+
+
+def _key(pid: int) -> bytes:
+    import ray
+
+    return f"{ray.util.get_node_ip_address()}:{pid}".encode()
+
+
+def install() -> None:
+    """In a worker process: ``os._exit`` records its code before the process ends (once; idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    real_exit = os._exit
+
+    def _exit(code):
+        def record():
+            try:
+                from ray.experimental.internal_kv import _internal_kv_put
+
+                _internal_kv_put(_key(os.getpid()), str(int(code)).encode(), overwrite=True, namespace=_NAMESPACE)
+            except Exception:
+                pass
+
+        recorder = threading.Thread(target=record, daemon=True)
+        recorder.start()
+        recorder.join(RECORD_TIMEOUT)
+        real_exit(code)
+
+    os._exit = _exit
+
+
+def exit_of(ip: Optional[str], pid) -> Optional[int]:
+    """The code worker ``pid`` on the node at ``ip`` passed to ``os._exit``, or None."""
+    if not ip or not pid:
+        return None
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        raw = _internal_kv_get(f"{ip}:{pid}".encode(), namespace=_NAMESPACE)
+        return int(raw) if raw is not None else None
+    except Exception:
+        return None
