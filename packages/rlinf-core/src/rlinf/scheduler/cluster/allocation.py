@@ -6,7 +6,10 @@ of one worker through ``WorkerGroup.launch`` (every launcher), placed on the
 node with ``NodePlacementStrategy``.  The worker's ``env_vars`` travel in
 ``ALLOCATED_ENV`` (the launch forwards ``RLINF_*`` settings to its workers)
 and are applied in the worker, merged per ``RLINF_PATH_ENV_MERGE_MODE``,
-before its class is built (``apply_allocated_env``).
+before its class is built (``apply_allocated_env``).  Allocations take
+turns; a plain ``launch`` started from another thread of the driver while one
+runs would forward that variable too, so a program allocating from several
+threads launches its other groups from them as well, or after.
 """
 
 from __future__ import annotations

@@ -187,8 +187,9 @@ class WorkerUtilities:
     def check_worker_alive(worker_name: str) -> bool:
         """Whether the worker named ``worker_name`` (``"group:rank"``) is alive in this process's cluster.
 
-        False when its group is not running or has no such rank, or when its process (on this host) has
-        ended; a worker on another host counts as alive while its group runs.
+        False when its group is not running or has no such rank, when its process (on this host) has
+        ended, or when this process has no cluster; a worker on another host counts as alive while its
+        group runs.
 
         Args:
             worker_name: the worker's name, ``WorkerAddress.get_name()``.
@@ -196,6 +197,8 @@ class WorkerUtilities:
         from ..base.address import WorkerAddress
 
         address = WorkerAddress.from_name(worker_name)
+        if context.current() is None and not Cluster.has_initialized():
+            return False  # no cluster here: asking must not start one
         record = Cluster().session.lookup_group(address.root_group_name)
         if record is None:
             return False
