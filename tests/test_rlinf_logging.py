@@ -149,7 +149,9 @@ def test_info_and_failures_reach_the_driver_terminal(tmp_path):
     out = "".join(lines)
     assert "DRIVER-DONE" in out, out[-4000:]
     info = [line for line in out.splitlines() if "info-line" in line]
-    assert info and "[logt:0 node 0 " in info[0], out[-4000:]
+    # one prefix, Ray's, naming the group, rank and node (not Ray's actor class), and the line itself
+    assert info and info[0].startswith("(logt:0 node 0 pid=") and info[0].rstrip().endswith(" INFO info-line"), info
+    assert "Rlinf_" not in out and "rlinf.worker.logt" not in out and "[logt:0" not in out, out[-4000:]
     assert "debug-line" not in out  # INFO is the default level
     failure = [line for line in out.splitlines() if "nobody-waits-for-this" in line]
     assert failure and "logt" in failure[0] and "'fail'" in failure[0], out[-4000:]

@@ -21,6 +21,7 @@ from typing import Iterable
 
 import ray
 
+from rlinf.scheduler.base import worker_logging
 from rlinf.scheduler.runtime.host import WorkerHost
 
 from . import exits, logs, returns
@@ -35,12 +36,14 @@ class RayWorkerActor:
         self._rlinf_host = WorkerHost()
         returns.install()  # a return value that cannot be pickled is named (see ``returns``)
         exits.install()  # os._exit(code) leaves its code for the driver (see ``exits``)
+        worker_logging.launcher_names_lines = True  # Ray's prefix names the worker (``logs.name_worker``)
         logs.baseline()  # what Ray wrote as the actor started is no call's output
 
     def _rlinf_reserve_master_port(self) -> int:
         return self._rlinf_host.reserve_master_port()
 
     def _rlinf_construct(self, spec, payload, master_port):
+        logs.name_worker(f"{spec.address.get_name()} node {spec.node.node_rank}")
         return after_call(self._rlinf_host.construct(spec, payload, master_port, "ray", ray.util.get_node_ip_address()))
 
     def _rlinf_execute(self, method, args, kwargs):

@@ -127,6 +127,26 @@ def baseline() -> None:
         st.pos = list(pos)
 
 
+def name_worker(name: str) -> None:
+    """In a worker process: have Ray's prefix of this process's lines say ``name`` (``(rollout:0 node 0
+    pid=...)``) instead of the actor's class (``Rlinf_Rollout``): Ray's log monitor takes a line
+    ``:actor_name:<name>`` on each stream as the name for the lines after it, and prints it not.
+
+    Args:
+        name: the worker's group, rank and node.
+    """
+    try:
+        from ray._private.ray_constants import LOG_PREFIX_ACTOR_NAME
+    except ImportError:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.write(f"{LOG_PREFIX_ACTOR_NAME}{name}\n")
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
 def after_call(wire):
     """``wire``, or ``Marked(wire, ...)`` when this process wrote to stdout or stderr since the last mark.
 

@@ -43,6 +43,9 @@ ROOT = "rlinf"
 WORKER_ROOT = "rlinf.worker"
 
 _installed: list[logging.Handler] = []
+#: set by a launcher that prefixes each line of a worker's output itself, naming the worker (Ray, whose
+#: prefix names the group, rank, node and pid): the terminal's lines then carry that prefix alone
+launcher_names_lines = False
 
 
 def log_level() -> int:
@@ -128,8 +131,11 @@ def configure_worker_process() -> None:
     if ctx is None:
         return
     prefix = f"[{ctx.address.get_name()} node {ctx.info.node_id} {ctx.info.node_ip}]"
-    formatter = _PrefixFormatter(prefix)
+    own = worker_logger(ctx.address.get_name()).name  # the worker's own logger: named by the prefix already
+    formatter = _PrefixFormatter(prefix, own)
     stream = logging.StreamHandler(sys.stderr)
+    if launcher_names_lines:
+        stream.setFormatter(_PrefixFormatter("", own))
     _installed.append(stream)
     log_dir = ctx.env.get(LOG_DIR_ENV) or os.environ.get(LOG_DIR_ENV)
     if log_dir:
@@ -143,7 +149,8 @@ def configure_worker_process() -> None:
         level = logging.INFO
         print(f"{prefix} {exc}; using INFO", file=sys.stderr)
     for handler in _installed:
-        handler.setFormatter(formatter)
+        if handler.formatter is None:
+            handler.setFormatter(formatter)
         root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False  # the worker's own root logger config (if any) does not print it twice
@@ -202,12 +209,14 @@ class _LogFileHandler(logging.FileHandler):
 class _PrefixFormatter(logging.Formatter):
     """Every line of a record (tracebacks, multi-line messages) starts with the worker's prefix."""
 
-    def __init__(self, prefix: str):
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self._prefix = prefix
+    def __init__(self, prefix: str, own: str = ""):
+        super().__init__("%(asctime)s %(levelname)s %(rlinf_origin)s%(message)s")
+        self._prefix = f"{prefix} " if prefix else ""
+        self._own = own
 
     def format(self, record: logging.LogRecord) -> str:
-        return "\n".join(f"{self._prefix} {line}" for line in super().format(record).splitlines())
+        record.rlinf_origin = "" if record.name == self._own else f"{record.name}: "  # other loggers: named
+        return "\n".join(f"{self._prefix}{line}" for line in super().format(record).splitlines())
 
 
 def worker_logger(address_name: Optional[str]) -> logging.Logger:
