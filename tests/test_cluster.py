@@ -72,8 +72,10 @@ class Viewer(Worker):
 @embedded_ray
 def test_too_many_nodes_on_an_embedded_cluster_fails_at_once(cluster):
     start = time.monotonic()
-    with pytest.raises(ValueError, match=r"num_nodes=2.*has 1 node\(s\), and no node can join"):
+    with pytest.raises(ValueError, match=r"num_nodes=2.*has 1 node\(s\), and no node can join") as info:
         Cluster(num_nodes=2)
+    # and how to get more nodes: a Ray cluster joined with RAY_ADDRESS, or an MPI job
+    assert "ray start --head" in str(info.value) and "RAY_ADDRESS=" in str(info.value) and "rlinf.mpi" in str(info.value)
     assert time.monotonic() - start < 10
 
 

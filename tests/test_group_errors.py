@@ -134,8 +134,9 @@ def test_execute_on_out_of_range(launch):
 
 def test_placement_beyond_the_cluster_starts_nothing(cluster):
     session = cluster.session
-    with pytest.raises(PlacementError, match="node 3"):
+    with pytest.raises(PlacementError, match="node 3") as info:
         Faulty.create_group().launch(cluster, placement_strategy=NodePlacementStrategy([0, 3]), name="toolarge")
+    assert "ray start --address=" in str(info.value) and "RAY_ADDRESS=" in str(info.value), info.value  # the fix
     with pytest.raises(PlacementError, match="accelerator"):
         Faulty.create_group().launch(cluster, placement_strategy=PackedPlacementStrategy(0, 1), name="toolarge")
     assert "toolarge" not in session.list_groups()

@@ -29,6 +29,13 @@ class PlacementError(RlinfError, ValueError, AssertionError):
     """
 
 
+#: how to get more nodes, said where a placement or ``Cluster(num_nodes=N)`` asks for more than there are
+MORE_NODES_HINT = ("to run on more nodes, start a Ray cluster: `ray start --head` on one machine and "
+                   "`ray start --address=<head ip>:6379` on each of the others, then run the program with "
+                   "RAY_ADDRESS=<head ip>:6379; or run it as an MPI job across the nodes "
+                   "(mpiexec or srun ... python -m rlinf.mpi program.py, docs/mpi.md)")
+
+
 class PlacementArgumentError(PlacementError):
     """A placement strategy or component placement was given an invalid argument.
 

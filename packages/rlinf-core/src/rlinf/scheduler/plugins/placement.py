@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ..base.errors import PlacementArgumentError, PlacementError
+from ..base.errors import MORE_NODES_HINT, PlacementArgumentError, PlacementError
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ class PlacementStrategy(ABC):
                 if g >= total:
                     raise PlacementError(
                         f"{self!r} asks for accelerator {g}, but the cluster has {total} "
-                        f"accelerator(s) over {len(nodes)} node(s)"
+                        f"accelerator(s) over {len(nodes)} node(s); {MORE_NODES_HINT}"
                     )
                 if g in used:
                     raise PlacementError(f"{self!r} gives accelerator {g} to more than one process")
@@ -527,9 +527,8 @@ class NodePlacementStrategy(PlacementStrategy):
         selected = self._selected_nodes(nodes)
         for n in self.node_ranks:
             if n >= len(selected):
-                where = f"the cluster has {len(nodes)} node(s)" if self.node_group_labels is None else (
-                    f"node group(s) {self.node_group_labels} have {len(selected)} node(s)"
-                )
+                where = f"the cluster has {len(nodes)} node(s); {MORE_NODES_HINT}" if self.node_group_labels is None \
+                    else f"node group(s) {self.node_group_labels} have {len(selected)} node(s)"
                 raise PlacementError(f"{self!r} asks for node {n}, but {where}")
         return _finish([(selected[n][0].node_rank, (), (), {"node_group_label": selected[n][1]})
                         for n in self.node_ranks])

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from ..base import config, context, progress, security, worker_logging
-from ..base.errors import ClusterConfigError, PluginError
+from ..base.errors import MORE_NODES_HINT, ClusterConfigError, PluginError
 from ..plugins import accelerator as _accelerator
 from ..plugins import hardware as _hardware
 from ..plugins.cluster_config import ClusterConfig
@@ -299,7 +299,7 @@ class Cluster(ClusterHelpers):
             if not session.nodes_can_join:
                 raise ValueError(
                     f"Cluster(num_nodes={num_nodes}) but the {session.launcher_name} cluster has "
-                    f"{len(all_nodes)} node(s), and no node can join it"
+                    f"{len(all_nodes)} node(s), and no node can join it; {MORE_NODES_HINT}"
                 )
             all_nodes = _wait_for_nodes(session, num_nodes, wait_timeout)
         self._nodes = all_nodes[:num_nodes] if num_nodes else all_nodes
