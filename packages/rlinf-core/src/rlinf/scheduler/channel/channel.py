@@ -14,7 +14,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Hashable, Optional
 
 from ..base import config, lifecycle
 from ..base.address import CHANNEL_HOST_PREFIX, validate_group_name
@@ -308,13 +308,14 @@ class Channel:
 
     # -- producer side ------------------------------------------------------------
     @hook("channel")
-    def put(self, item: Any, weight: float = 0, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
+    def put(self, item: Any, weight: float = 0, key: Hashable = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
         """Append ``item`` to ``key``'s queue, waiting for room when the channel is bounded.
 
         Args:
             item: any picklable object (tensors travel as raw bytes).
             weight: what the item counts for in ``get_batch``.
-            key: the queue to append to (each key is its own FIFO).
+            key: the queue to append to: any hashable value, with the rules of a dict key
+                (each key is its own FIFO; ``("a", 1)`` is the same queue in every process).
             async_op: return an ``AsyncWork`` at once instead of waiting.
             timeout: seconds to wait; ``None``: the configured default
                 (``RLINF_TIMEOUT``; with ``async_op``, the work's ``wait`` bounds it:
@@ -340,7 +341,7 @@ class Channel:
         return result if async_op else None
 
     @hook("channel")
-    def put_nowait(self, item: Any, weight: float = 0, key: str = DEFAULT_KEY) -> None:
+    def put_nowait(self, item: Any, weight: float = 0, key: Hashable = DEFAULT_KEY) -> None:
         """Append ``item`` to ``key``'s queue, or raise at once if it is full.
 
         Args:
@@ -362,7 +363,7 @@ class Channel:
 
     # -- consumer side --------------------------------------------------------------
     @hook("channel")
-    def get(self, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
+    def get(self, key: Hashable = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
         """Remove and return the oldest item of ``key``'s queue, waiting for one.
 
         Args:
@@ -382,7 +383,7 @@ class Channel:
         return self._call({"op": "get", "key": _check_key(key), "timeout": timeout}, (), async_op, timeout, _decode_one)
 
     @hook("channel")
-    def get_nowait(self, key: str = DEFAULT_KEY):
+    def get_nowait(self, key: Hashable = DEFAULT_KEY):
         """Remove and return the oldest item of ``key``'s queue, or raise at once.
 
         Args:
@@ -396,7 +397,7 @@ class Channel:
         return self._call({"op": "get", "key": _check_key(key), "nowait": True}, (), False, NOWAIT_SEND, _decode_one)
 
     @hook("channel")
-    def get_batch(self, target_weight: float, key: str = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
+    def get_batch(self, target_weight: float, key: Hashable = DEFAULT_KEY, async_op: bool = False, timeout: Optional[float] = None):
         """The longest FIFO prefix of ``key``'s queue whose weights sum to at most ``target_weight``.
 
         Waits until that prefix can grow no further: it reaches the target, or
@@ -422,7 +423,7 @@ class Channel:
         ctrl = {"op": "get_batch", "key": _check_key(key), "target": float(target_weight), "timeout": timeout}
         return self._call(ctrl, (), async_op, timeout, _decode_many)
 
-    def qsize(self, key: str = DEFAULT_KEY) -> int:
+    def qsize(self, key: Hashable = DEFAULT_KEY) -> int:
         """How many items ``key``'s queue holds now.
 
         Args:
@@ -434,7 +435,7 @@ class Channel:
         """
         return self._call({"op": "qsize", "key": _check_key(key)}, timeout=config.default_timeout())
 
-    def empty(self, key: str = DEFAULT_KEY) -> bool:
+    def empty(self, key: Hashable = DEFAULT_KEY) -> bool:
         """Whether ``key``'s queue holds no item now.
 
         Args:
@@ -446,7 +447,7 @@ class Channel:
         """
         return self.qsize(key) == 0
 
-    def full(self, key: str = DEFAULT_KEY) -> bool:
+    def full(self, key: Hashable = DEFAULT_KEY) -> bool:
         """Whether ``key``'s queue is at the channel's ``maxsize`` now (never for an unbounded channel).
 
         Args:
