@@ -164,3 +164,35 @@ def test_every_public_name_has_an_api_reference_entry():
             if not covered:
                 missing.append(f"{package.__name__}.{name}")
     assert not missing, f"public names without an API reference entry: {missing}; add them to a page under docs/reference/"
+
+
+def test_contributors_notes_stay_out_of_the_api_reference():
+    """``Layer: ...`` paragraphs of package docstrings (for contributors) are taken out of the rendered pages;
+    the paragraphs around them stay."""
+    notes = _hook("contributor_notes")
+    html = ("<p>Workers and groups.</p>\n<p>Layer: the public API.  It may import\n<code>runtime</code> "
+            "and every layer below.</p>\n<p>Next.</p>")
+    assert notes.strip_notes(html) == "<p>Workers and groups.</p>\n<p>Next.</p>"
+    # the notes are there to take out: a package the reference renders has one
+    assert "Layer: the public API" in (ROOT / "packages/rlinf-core/src/rlinf/scheduler/worker/__init__.py").read_text()
+    assert "docs/hooks/contributor_notes.py" in (ROOT / "mkdocs.yml").read_text()
+
+
+def test_no_script_of_docs_is_copied_into_the_site():
+    """mkdocs copies every file of docs/ it does not take for a page: the scripts there are excluded."""
+    config = (ROOT / "mkdocs.yml").read_text()
+    excluded = config.split("exclude_docs: |", 1)[1].split("\n\n", 1)[0]
+    assert "/*.py" in excluded.split(), excluded
+    assert sorted(p.name for p in (ROOT / "docs").glob("*.py")) == ["check_pages.py", "layers.py"]
+
+
+def test_no_line_of_a_page_turns_into_a_block_quote_by_accident():
+    """A line that begins with ``>`` is a block quote in Markdown: a comparison such as ``>= 1x`` that
+    wraps to the start of a line renders as one.  Intended quotes begin with ``> `` and a word."""
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        fenced = False
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            if not fenced and re.match(r">\s*[=<>\d.]", line):
+                raise AssertionError(f"{path.relative_to(ROOT)}:{number} renders as a block quote: {line}")
