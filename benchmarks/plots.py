@@ -22,7 +22,13 @@ the docs, ``docs/reference-plots/``, are redrawn this way).
 The look holds what a reader of the docs needs, who sees a plot about 750 px
 wide: figures 8 in wide, 11 pt text, each panel one unit on its y axis (said
 in its label), and legends outside the data (below the figure when every
-panel has the same series, else below each panel).
+panel has the same series, else below each panel).  A line panel whose values
+span more than ``LOG_SPAN`` times is drawn on a logarithmic axis whatever its
+``log`` says (one point far off the rest would squeeze them against the
+axis), and each of its series gets a marker of its own, so lines that run
+together stay told apart.  A bar value may be ``None`` (JSON ``null``): that
+series has no bar in that category (a baseline that belongs to one category
+only).
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ DPI = 120
 #: the base font size in points; nothing is drawn smaller than ``MIN_FONT_PT``
 FONT_PT = 11
 MIN_FONT_PT = 10
+#: a line panel whose largest value is more than this many times its smallest is drawn on a log axis
+LOG_SPAN = 20.0
+#: the markers of a line panel's series, in order (a series with a style of its own keeps it)
+MARKERS = "osD^vPX*<>"
 #: a y label names its unit in parentheses at its end: "time (s)", "bandwidth (GB/s)"
 UNIT_RE = re.compile(r"\([^()]+\)\s*$")
 STYLE = {
@@ -65,7 +75,8 @@ def bar(x: list, series: dict, ylabel: str, title: str = "", log: bool = False, 
 
     Args:
         x: the categories (their labels; ``\\n`` breaks a long one).
-        series: legend label -> one value per category, all in the unit of ``ylabel``.
+        series: legend label -> one value per category, all in the unit of ``ylabel``; ``None`` where the
+            series has no bar in that category.
         ylabel: the quantity and its unit in parentheses, e.g. ``"time (ms)"``.
         title: the panel's title (shown when the figure has several panels).
         log: a logarithmic y axis.
@@ -88,8 +99,9 @@ def line(x: list, series: dict, ylabel: str, xlabel: str, title: str = "", log: 
         ylabel: the quantity and its unit in parentheses, e.g. ``"time (s)"``.
         xlabel: the x axis's label.
         title: the panel's title (shown when the figure has several panels).
-        log: a logarithmic y axis (else it starts at 0).
-        styles: legend label -> matplotlib format string (``"o--"``); ``"o-"`` by default.
+        log: a logarithmic y axis (else it starts at 0, unless the values span more than ``LOG_SPAN``).
+        styles: legend label -> matplotlib format string (``"o--"``); by default a solid line with
+            a marker of the series's own (``MARKERS``).
 
     Raises:
         Nothing; ``check_spec`` judges the panel when it is drawn.
@@ -139,12 +151,20 @@ def _value(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
+def _present(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
 def _draw_bar(ax, p: dict) -> None:
     series = p["series"]
-    width = 0.8 / len(series)
     xs = range(len(p["x"]))
-    for i, (label, values) in enumerate(series.items()):
-        bars = ax.bar([x + (i - (len(series) - 1) / 2) * width for x in xs], values, width=width, label=label)
+    # in each category, the bars of the series that have a value there, side by side and centred
+    here = [[label for label, values in series.items() if _present(values[x])] for x in xs]
+    width = 0.8 / max(1, max(len(h) for h in here))
+    for label, values in series.items():
+        at = [x for x in xs if _present(values[x])]
+        offsets = [x + (here[x].index(label) - (len(here[x]) - 1) / 2) * width for x in at]
+        bars = ax.bar(offsets, [values[x] for x in at], width=width, label=label)
         if len(series) * len(p["x"]) <= 12:
             ax.bar_label(bars, fmt=_value, fontsize=MIN_FONT_PT, padding=2)
     ax.set_xticks(list(xs), [str(x) for x in p["x"]])
@@ -154,12 +174,17 @@ def _draw_bar(ax, p: dict) -> None:
     ax.margins(y=0.12)  # room above the tallest bar for its value
 
 
+def _spans_widely(p: dict) -> bool:
+    values = [v for vs in p["series"].values() for v in vs if _present(v) and v > 0]
+    return bool(values) and max(values) > LOG_SPAN * min(values)
+
+
 def _draw_line(ax, p: dict) -> None:
     styles = p.get("styles", {})
-    for label, values in p["series"].items():
-        ax.plot(p["x"], values, styles.get(label, "o-"), label=label)
+    for i, (label, values) in enumerate(p["series"].items()):
+        ax.plot(p["x"], values, styles.get(label, MARKERS[i % len(MARKERS)] + "-"), label=label)
     ax.set_xticks(p["x"])
-    if p.get("log"):
+    if p.get("log") or _spans_widely(p):
         ax.set_yscale("log")
     else:
         ax.set_ylim(bottom=0)

@@ -87,3 +87,48 @@ def test_saved_data_redraws_the_same_plot(tmp_path):
 
     with Image.open(png) as im:
         assert im.size[0] == round(plots.WIDTH_IN * plots.DPI)
+
+
+def test_a_line_panel_spanning_widely_is_logarithmic_and_its_series_keep_apart():
+    """The weights plot: one slow point (Ray's object store to 1 receiver, 1 s against 0.02-0.9 s) squeezed the
+    rest against the axis, and two series ran together near zero with the same marker."""
+    import matplotlib.pyplot as plt
+
+    spec = _load(os.path.join(REFERENCE, "weights.json"))
+    fig = plots.render(spec)
+    try:
+        (ax,) = fig.get_axes()
+        assert ax.get_yscale() == "log"
+        styled = spec["panels"][0].get("styles", {})
+        markers = [line.get_marker() for line in ax.get_lines() if line.get_label() not in styled]
+        assert len(markers) == len(set(markers)) >= 6, markers
+    finally:
+        plt.close(fig)
+    narrow = plots.line([1, 2], {"a": [1.0, 2.0]}, "time (s)", "n")
+    fig = plots.render({"panels": [narrow]})
+    try:
+        assert fig.get_axes()[0].get_yscale() == "linear"  # values within LOG_SPAN: a linear axis from 0
+    finally:
+        plt.close(fig)
+
+
+def test_a_baseline_of_one_category_has_bars_there_only():
+    """The channel-load plot: a series whose value is null in a category draws no bar there, so a baseline
+    measured for one category is not shown (and labelled) under the other."""
+    import matplotlib.pyplot as plt
+
+    spec = _load(os.path.join(REFERENCE, "channel_load.json"))
+    fig = plots.render(spec)
+    try:
+        (ax,) = fig.get_axes()
+        ticks = {round(t): label.get_text() for t, label in zip(ax.get_xticks(), ax.get_xticklabels())}
+        where = {}
+        for container in ax.containers:
+            where[container.get_label()] = [ticks[round(bar.get_x() + bar.get_width() / 2)] for bar in container]
+        assert where["rlinf Channel, no slow consumer"] == ["beside a slow consumer"], where
+        assert where["8 Ray Queues"] == ["all keys"], where
+        assert not any("no slow consumer" in label and "all keys" in cats for label, cats in where.items()), where
+        texts = [t.get_text() for t in ax.texts]
+        assert texts and not any("nan" in t for t in texts), texts
+    finally:
+        plt.close(fig)
