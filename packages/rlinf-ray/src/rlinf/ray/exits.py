@@ -58,10 +58,34 @@ def exit_of(ip: Optional[str], pid) -> Optional[int]:
     """The code worker ``pid`` on the node at ``ip`` passed to ``os._exit``, or None."""
     if not ip or not pid:
         return None
-    try:
-        from ray.experimental.internal_kv import _internal_kv_get
+    found: list = []
 
-        raw = _internal_kv_get(f"{ip}:{pid}".encode(), namespace=_NAMESPACE)
-        return int(raw) if raw is not None else None
-    except Exception:
-        return None
+    def read():  # a GCS request has no timeout of its own: asked in a thread, waited for at most RECORD_TIMEOUT
+        try:
+            from ray.experimental.internal_kv import _internal_kv_get
+
+            raw = _internal_kv_get(f"{ip}:{pid}".encode(), namespace=_NAMESPACE)
+            found.append(int(raw) if raw is not None else None)
+        except Exception:
+            pass
+
+    reader = threading.Thread(target=read, name="rlinf-exit-code", daemon=True)
+    reader.start()
+    reader.join(RECORD_TIMEOUT)
+    return found[0] if found else None
+
+
+def death_reason(exc) -> str:
+    """How the worker ended, from Ray's error: the exit code it gave ``os._exit`` (``exits``), else what Ray
+    says (a process that ended unexpectedly without recording a code was killed by a signal or crashed)."""
+    text = str(exc).strip()
+    fields = dict(line.strip().split(": ", 1) for line in text.splitlines() if line.startswith("\t") and ": " in line)
+    code = exit_of(fields.get("ip"), fields.get("pid"))
+    if code is not None:
+        return f"it exited with code {code} (os._exit)"
+    if "connection error code" in text or "unexpectedly exits" in text:
+        return ("its process ended without an exit code of its own: killed by a signal (SIGKILL, the OOM killer) "
+                "or crashed")
+    lines = text.splitlines()
+    detail = next((line.strip() for line in lines if "died" in line.lower() or "killed" in line.lower()), "")
+    return f"{type(exc).__name__}{': ' + detail if detail else ''}"

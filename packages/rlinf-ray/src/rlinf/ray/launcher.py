@@ -415,7 +415,7 @@ class RaySession(LauncherSession):
             try:
                 out.append(from_wire(logs.strip(ray.get(ref), needs)))
             except RayActorError as exc:
-                out.append(Died(_death_reason(exc)))
+                out.append(Died(exits.death_reason(exc)))
             except RayTaskError as exc:
                 out.append(_rejected(exc))
         return out
@@ -496,7 +496,7 @@ async def _outcome_of(ref, needs: list):
     try:
         return from_wire(logs.strip(await ref, needs))
     except RayActorError as exc:
-        return Died(_death_reason(exc))
+        return Died(exits.death_reason(exc))
     except RayTaskError as exc:
         return _rejected(exc)
     except RayError as exc:  # the result is lost with its worker (owner died, object lost, ...)
@@ -518,22 +518,6 @@ def _rejected(exc) -> Rejected:
         return Rejected(f"{RETURN_UNPICKLABLE}{cause}", "")
     return Rejected(f"{type(cause).__name__}: {cause}" if cause is not None else logs.plain(str(exc)).splitlines()[0],
                     logs.plain_traceback(getattr(exc, "traceback_str", "") or str(exc)))
-
-
-def _death_reason(exc) -> str:
-    """How the worker ended, from Ray's error: the exit code it gave ``os._exit`` (``exits``), else what Ray
-    says (a process that ended unexpectedly without recording a code was killed by a signal or crashed)."""
-    text = str(exc).strip()
-    fields = dict(line.strip().split(": ", 1) for line in text.splitlines() if line.startswith("\t") and ": " in line)
-    code = exits.exit_of(fields.get("ip"), fields.get("pid"))
-    if code is not None:
-        return f"it exited with code {code} (os._exit)"
-    if "connection error code" in text or "unexpectedly exits" in text:
-        return ("its process ended without an exit code of its own: killed by a signal (SIGKILL, the OOM killer) "
-                "or crashed")
-    lines = text.splitlines()
-    detail = next((line.strip() for line in lines if "died" in line.lower() or "killed" in line.lower()), "")
-    return f"{type(exc).__name__}{': ' + detail if detail else ''}"
 
 
 def _start_watchdog():
