@@ -17,8 +17,9 @@ from launcher_marks import cpu_transport_internals, survives_worker_death
 from p2p_helpers import Peer, process_alive, run_on
 
 SIZE = 64 << 20
-#: seconds the receiver may take to unmap a dead sender's segments (its sweep runs every second at most)
-SWEPT_WITHIN = 6.0
+#: seconds the receiver may take to unmap a dead sender's segments (its sweep runs every second;
+#: the rest is slack for a loaded machine)
+SWEPT_WITHIN = 10.0
 
 
 def _memfd_bytes(pid: int) -> int:
@@ -60,4 +61,5 @@ def test_a_receive_only_worker_unmaps_a_killed_senders_segments(cluster, launch)
     while _memfd_bytes(receiver) and time.monotonic() - killed < SWEPT_WITHIN:
         time.sleep(0.1)
     left = _memfd_bytes(receiver)
+    print(f"unmapped {time.monotonic() - killed:.2f} s after the sender's death")
     assert left == 0, f"{left} bytes of the dead sender's segments still mapped {SWEPT_WITHIN} s after its death"

@@ -281,8 +281,9 @@ def _start_cleaner(infos: list, rank: int, hostname: str) -> None:
         return
     spec = {"uid": os.geteuid(), "segments": _mapped_segments("self"),
             "ranks": [(info.pid, _started(info.pid)) for info in local]}
+    env = {k: v for k, v in os.environ.items() if k != "RLINF_CLUSTER_SECRET"}  # it needs none of the job's
     try:
-        subprocess.Popen([sys.executable, "-m", "rlinf.mpi", "--clean-shm", json.dumps(spec)],
+        subprocess.Popen([sys.executable, "-m", "rlinf.mpi", "--clean-shm", json.dumps(spec)], env=env,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True, close_fds=True, cwd="/")
     except OSError:

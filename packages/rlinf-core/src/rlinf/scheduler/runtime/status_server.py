@@ -21,6 +21,8 @@ the same ``security.HandshakeGate`` as the cpu transport's, so at most
 ``SERVE_TIMEOUT`` at most, and one more drops the oldest of them.  A query
 answers in one round trip, so it gets through any number of silent
 connections held open; one dropped all the same is made again (``query``).
+Nor can using up the process's descriptors end it: a failed ``accept()`` is
+tried again after a wait, 10 ms doubling to 1 s (``security.AcceptBackoff``).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class _StatusServer:
                 # no deadline: close() shuts the socket down, which ends this wait
                 conn, _ = self._sock.accept()
             except OSError as exc:
+                if self._closed.is_set():  # close() shut the socket down
+                    return
                 # out of descriptors (a moment's flood elsewhere in this process) must not end the
                 # listener for good, nor spin: wait, longer each time, then accept again
                 self._closed.wait(backoff.failed(exc))

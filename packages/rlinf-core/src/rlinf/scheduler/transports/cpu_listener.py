@@ -3,7 +3,9 @@
 Every accepted connection goes straight to the transport's
 ``security.HandshakeGate`` (``admit``), which authenticates it, within a bound
 on unproven handshakes in flight, before any link exists.  The abstract Unix
-socket leaves no file to clean up.
+socket leaves no file to clean up.  When ``accept()`` fails (out of descriptors, say, for as
+long as a flood lasts) the loop waits, 10 ms doubling to 1 s (``security.AcceptBackoff``),
+instead of spinning on the connection still queued, and serves again once it can.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class Listener:
                     try:
                         conn, _ = key.fileobj.accept()
                     except OSError as exc:
+                        if self._stop.is_set():  # close() closed the socket
+                            return
                         # out of descriptors the connection stays queued and select() says so again at
                         # once: wait (10 ms, doubling to 1 s) instead of spinning, then accept again
                         wait = max(wait, backoff.failed(exc))
@@ -70,7 +74,7 @@ class Listener:
                     backoff.accepted()
                     self._gate.admit(conn)  # bounded: never more than a few dozen unproven handshakes in flight
                 if wait:
-                    self._stop.wait(wait)  # close() sets it: the loop still ends at once  # bounded: never more than a few dozen unproven handshakes in flight
+                    self._stop.wait(wait)  # close() sets it: the loop still ends at once
         finally:
             self._selector.close()
             with self._lock:  # close() writes to the pipe only while it is ours
