@@ -241,6 +241,8 @@ class Cluster(ClusterHelpers):
             can join.
         ClusterConfigError: an invalid ``cluster_cfg`` (before connecting).
         TypeError: ``distributed_log_dir`` is not a path, ``cluster_cfg`` not a mapping.
+        PermissionError: another user could redirect ``distributed_log_dir`` (a link of theirs on the
+            way to it, or a directory above it they own or may write to); the message names it and the fix.
         TimeoutError: fewer than ``num_nodes`` nodes joined in time.
 
     Example:
