@@ -56,6 +56,12 @@ class WorkerUtilities:
         return ranks[-2] if len(ranks) > 1 else 0
 
     @property
+    def manager_proxy(self):
+        """RLinf's handle on its manager process: ``None`` here (there is none), which the routing helpers
+        (``get_group_world_size``) accept."""
+        return self._manager_proxy
+
+    @property
     def _cluster_node_rank(self) -> int:
         """RLinf's attribute: the rank of this worker's node."""
         return self._worker_info.node_id
