@@ -1,4 +1,4 @@
-"""Run one benchmark by name: ``python benchmarks/run.py group|p2p|channel|mpi [--smoke] [--check] [options]``.
+"""Run one benchmark by name: ``python benchmarks/run.py group|p2p|channel|routed|mpi [--smoke] [--check] [options]``.
 
 ``--smoke`` runs it with tiny sizes in a few seconds (CI runs every benchmark
 this way so none can rot; its numbers mean nothing).  ``--check`` exits with
@@ -13,7 +13,8 @@ import os
 import sys
 
 BENCHMARKS = {"group": "group", "p2p": "p2p", "channel": "channel", "mpi": "mpi", "gloo": "gloo",
-              "weights": "weights", "weights-hosts": "weights_hosts", "trace": "trace_overhead", "scale": "scale"}
+              "weights": "weights", "weights-hosts": "weights_hosts", "trace": "trace_overhead", "scale": "scale",
+              "routed": "routed"}
 
 
 def exit_status(missed: list, check: bool) -> int:

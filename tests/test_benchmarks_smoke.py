@@ -28,9 +28,10 @@ TABLE_TITLES = {
     "weights-hosts": "Weight sync across hosts",
     "gloo": "torch-gloo against the cpu transport",
     "scale": "Scale benchmark",
+    "routed": "Routed env <-> rollout exchange",
 }
 TARGETS = {"group": 3, "p2p": 1, "channel": 4, "mpi": 1, "trace": 2, "weights": 8, "weights-hosts": 2, "gloo": 0,
-           "scale": 2}  # targets a smoke run (no 256 MiB size) reports
+           "scale": 2, "routed": 1}  # targets a smoke run (no 256 MiB size) reports
 
 
 LONGEST_FIRST = ("weights-hosts", "scale", "channel", "weights")  # started first, so the last to finish is a short one
