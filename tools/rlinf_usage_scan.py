@@ -14,11 +14,12 @@ imported or run) and lists each scheduler item they use, with how often:
 
 An item is RLinf-public when no part of it starts with ``_``.  Usage::
 
-    python tools/rlinf_usage_scan.py /path/to/rlinf-src   # the directory holding RLinf's rlinf/
+    python tools/rlinf_usage_scan.py /path/to/rlinf-src "RLinf main (commit)"   # the folder holding rlinf/
 
 writes ``tests/data/rlinf_scheduler_uses.json``, which ``tests/test_rlinf_usage_scan.py`` checks
-against this project (each item must exist here).  The source used was RLinf 0.3.0's wheel
-(``pip download rlinf==0.3.0 --no-deps``, unpacked).
+against this project (each item must exist here).  The source used is a checkout of RLinf's main
+branch (its ``rlinf/``, ``examples/`` and ``toolkits/``); RLinf 0.3.0's wheel (``pip download rlinf==0.3.0
+--no-deps``, unpacked) works too and holds ``rlinf/`` only.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import json
 import sys
 from pathlib import Path
 
+#: the folders of an RLinf checkout that hold programs written against the scheduler (a wheel has only rlinf/)
+APP_DIRS = ("rlinf", "examples", "toolkits")
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "rlinf_scheduler_uses.json"
 
 #: RLinf scheduler classes whose method names, when only they define them, mark a use on any receiver
@@ -178,7 +181,7 @@ def _worker_classes(files: dict[Path, ast.Module]) -> set[str]:
     return found - {"Worker"}
 
 
-def scan(src: Path) -> dict:
+def scan(src: Path, label: str) -> dict:
     """The scheduler items RLinf's application code under ``src/rlinf`` uses, and its modules' imports."""
     sched = src / "rlinf" / "scheduler"
     worker_attrs = _class_surface(sched / "worker" / "worker.py", "Worker")
@@ -187,7 +190,8 @@ def scan(src: Path) -> dict:
     distinctive = {n: owner for owner, s in surfaces.items() for n in s
                    if everywhere[n] == 1 and n not in GENERIC and not n.startswith("_") and n not in worker_attrs}
     files = {}
-    for path in sorted((src / "rlinf").rglob("*.py")):
+    roots = [src / d for d in APP_DIRS if (src / d).is_dir()]
+    for path in sorted(p for root in roots for p in root.rglob("*.py")):
         if sched in path.parents:
             continue
         try:
@@ -212,13 +216,13 @@ def scan(src: Path) -> dict:
          "public": not any(part.startswith("_") for part in item.replace(":", ".").replace("(", ".").rstrip(")").split("."))}
         for (kind, item), n in sorted(counts.items())
     ]
-    return {"source": "RLinf 0.3.0 (rlinf-0.3.0-py3-none-any.whl), application code outside rlinf/scheduler",
+    return {"source": f"{label}: application code ({', '.join(APP_DIRS)}) outside rlinf/scheduler",
             "files_scanned": len(files), "items": items, "module_imports": modules}
 
 
 def main(argv: list[str]) -> int:
     src = Path(argv[1] if len(argv) > 1 else "/tmp/rlinf-ref/src")
-    result = scan(src)
+    result = scan(src, argv[2] if len(argv) > 2 else f"RLinf source at {src.name}")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     uses = sum(i["uses"] for i in result["items"])
