@@ -129,6 +129,9 @@ def test_groups_asking_for_ports_at_once_get_distinct_free_ports(launch):
     assert (first, second) == (port, fallback)
     with pytest.raises(ValueError, match="max_port_num"):
         Worker().acquire_free_port(max_port_num=0)
+    # RLinf main's max_port_num: the largest acceptable port, also below the kernel's ephemeral range
+    low = Worker().acquire_free_port(max_port_num=20000)
+    assert 1024 <= low <= 20000 and Cluster.find_free_port(max_port_num=65535) <= 65535
 
 
 def test_names_hardware_liveness_and_group_class_name(launch):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import re
 import shlex
 import socket
@@ -177,14 +178,37 @@ class ClusterHelpers:
     PATH_LIKE_ENV_VARS = set(node_env.PATH_LIKE_ENV_VARS)
 
     @classmethod
-    def find_free_port(cls) -> int:
+    def find_free_port(cls, max_port_num: Optional[int] = None) -> int:
         """A TCP port nothing on this node listens on now (the kernel's pick); nothing holds it afterwards.
 
         ``Worker.acquire_free_port()`` also keeps it from every other worker of the node.
+
+        Args:
+            max_port_num (int | None): the largest acceptable port (RLinf's argument: for a server that
+                derives a second port from this one and would overflow past 65535).  The kernel picks
+                from its ephemeral range; below that range a port is drawn from 1024..max_port_num.
+
+        Raises:
+            ValueError: ``max_port_num`` is not an int in 1024..65535.
+            RuntimeError: no free port at most ``max_port_num`` was found in 1000 tries.
         """
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+        if max_port_num is not None and (isinstance(max_port_num, bool) or not isinstance(max_port_num, int)
+                                         or not 1024 <= max_port_num <= 65535):
+            raise ValueError(f"max_port_num must be an int in 1024..65535, got {max_port_num!r}")
+        for _ in range(1000):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+            if max_port_num is None or port <= max_port_num:
+                return port
+            candidate = random.randint(1024, max_port_num)  # the kernel's range lies above the limit
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("", candidate))
+                except OSError:
+                    continue
+                return candidate
+        raise RuntimeError(f"Failed to find a free port at most {max_port_num}.")
 
     @staticmethod
     def get_full_env_var_name(var) -> str:

@@ -21,6 +21,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import os
 from typing import Optional
 
@@ -32,7 +34,7 @@ from ..runtime.cluster_helpers import ProfileSettings, default_profile_output_di
 from .lock import DeviceLock, acquire_port
 
 #: how many ports ``acquire_free_port`` tries by default (RLinf's)
-DEFAULT_PORT_TRIES = 10000
+PORT_TRIES = 10000
 
 
 class WorkerUtilities:
@@ -120,20 +122,20 @@ class WorkerUtilities:
         """A TCP port free on this node now, handed to no other worker of the node while this one lives.
 
         Args:
-            max_port_num: how many candidate ports to try (default 10000, RLinf's count).
+            max_port_num: the largest acceptable port (RLinf's argument: for a server that derives a
+                second port from this one and would overflow past 65535); any port when ``None``.
 
         Returns:
             The port (nothing listens on it yet: the caller binds it).
 
         Raises:
-            ValueError: ``max_port_num`` is not a positive int.
-            RuntimeError: no port could be had in that many tries.
+            ValueError: ``max_port_num`` is not an int in 1024..65535.
+            RuntimeError: no port could be had in 10000 tries (RLinf's count).
         """
-        if max_port_num is None:
-            max_port_num = DEFAULT_PORT_TRIES
-        if isinstance(max_port_num, bool) or not isinstance(max_port_num, int) or max_port_num < 1:
-            raise ValueError(f"max_port_num must be a positive int, got {max_port_num!r}")
-        return acquire_port(Cluster.find_free_port, max_port_num)
+        if max_port_num is not None and (isinstance(max_port_num, bool) or not isinstance(max_port_num, int)
+                                         or not 1024 <= max_port_num <= 65535):
+            raise ValueError(f"max_port_num must be an int in 1024..65535, got {max_port_num!r}")
+        return acquire_port(functools.partial(Cluster.find_free_port, max_port_num), PORT_TRIES)
 
     # -- profiling ----------------------------------------------------------
     def _profile_settings(self) -> Optional[ProfileSettings]:
