@@ -62,7 +62,9 @@ def make_item(kind: str, i: int):
     return [torch.full((1 << 15,), float(i)) for _ in range(8)]
 
 
-class Endpoint(Worker):
+class Endpoint(RoundTripPeer):
+    """Rank 0 produces and rank 1 consumes; the two also run the ping-pongs and streams between them."""
+
     def __init__(self):
         super().__init__()
 
@@ -83,13 +85,6 @@ class Endpoint(Worker):
             item = queue.get()
             del item
         return start, time.perf_counter()
-
-
-class PairPeer(RoundTripPeer):
-    """Rank 0 and rank 1 of one group: channel and p2p ping-pongs and streams between them."""
-
-    def __init__(self):
-        super().__init__()
 
     def p2p_round_trip(self, n, warmup):
         return self._time_round_trips(self._round_trip, n, warmup)
@@ -126,6 +121,16 @@ class PairPeer(RoundTripPeer):
             for _ in range(n):
                 ch.get(key="stream")
         return start, time.perf_counter()
+
+
+class _Rank:
+    """One rank of a group: ``_Rank(group, 0).put_all(...)`` runs ``put_all`` on rank 0 only."""
+
+    def __init__(self, group, rank):
+        self._group, self._rank = group, rank
+
+    def __getattr__(self, name):
+        return lambda *args: getattr(self._group.execute_on(self._rank), name)(*args)
 
 
 def _both(group, method, *args):
@@ -175,25 +180,21 @@ def socket_round_trip(n: int, warmup: int) -> float:
     return took
 
 
-def latency_cases(cluster, n: int, warmup: int, stream: int) -> tuple[list, list, dict]:
+def latency_cases(group, n: int, warmup: int, stream: int) -> tuple[list, list, dict]:
     """The ping-pong and one-stream rows, their targets and the figures (p2p and socket of the same run)."""
-    group = PairPeer.create_group().launch(cluster, NodePlacementStrategy([0, 0]), name="bench_pair")
     ch = Channel.create("bench_latency")
-    try:
-        p2p_rtt = _both(group, "p2p_round_trip", n, warmup)[0]
-        ch_rtt = _both(group, "channel_round_trip", ch, n, warmup)[0]
-        sock_rtt = socket_round_trip(n, warmup)
+    p2p_rtt = _both(group, "p2p_round_trip", n, warmup)[0]
+    ch_rtt = _both(group, "channel_round_trip", ch, n, warmup)[0]
+    sock_rtt = socket_round_trip(n, warmup)
 
-        def rate(spans):
-            return stream / (max(e for _, e in spans) - min(s for s, _ in spans))
+    def rate(spans):
+        return stream / (max(e for _, e in spans) - min(s for s, _ in spans))
 
-        _both(group, "p2p_stream", max(10, stream // 10))
-        _both(group, "channel_stream", ch, max(10, stream // 10), True)
-        p2p_rate = rate(_both(group, "p2p_stream", stream))
-        async_rate = rate(_both(group, "channel_stream", ch, stream, True))
-        sync_rate = rate(_both(group, "channel_stream", ch, stream, False))
-    finally:
-        group.stop()
+    _both(group, "p2p_stream", max(10, stream // 10))
+    _both(group, "channel_stream", ch, max(10, stream // 10), True)
+    p2p_rate = rate(_both(group, "p2p_stream", stream))
+    async_rate = rate(_both(group, "channel_stream", ch, stream, True))
+    sync_rate = rate(_both(group, "channel_stream", ch, stream, False))
     per_rtt = sync_rate * p2p_rtt  # items per p2p round trip
     rows = [["ping-pong, small dict (us per round)", f"{ch_rtt * 1e6:.0f}", f"{p2p_rtt * 1e6:.0f}", f"{sock_rtt * 1e6:.0f}",
              f"{ch_rtt / p2p_rtt:.1f}x p2p (target <= 3), {ch_rtt / sock_rtt:.0f}x socket"],
@@ -342,9 +343,9 @@ def main(argv=None):
     from ray.util.queue import Queue
 
     cluster = local_cluster()
-    lat_rows, lat_targets, lat = latency_cases(cluster, args.round_trips, max(5, args.round_trips // 10), args.stream_messages)
-    prod = Endpoint.create_group().launch(cluster, NodePlacementStrategy([0]), name="bench_producer")
-    cons = Endpoint.create_group().launch(cluster, NodePlacementStrategy([0]), name="bench_consumer")
+    pair = Endpoint.create_group().launch(cluster, NodePlacementStrategy([0, 0]), name="bench_pair")
+    lat_rows, lat_targets, lat = latency_cases(pair, args.round_trips, max(5, args.round_trips // 10), args.stream_messages)
+    prod, cons = _Rank(pair, 0), _Rank(pair, 1)
     ours = Channel.create("bench_channel")
     theirs = Queue(actor_options={"num_cpus": 0.01})
     results = {}
@@ -353,8 +354,7 @@ def main(argv=None):
         run_case(prod, cons, theirs, kind, args.warmup, False)
         results[kind] = (run_case(prod, cons, ours, kind, args.messages, True),
                          run_case(prod, cons, theirs, kind, args.messages, False))
-    prod.stop()
-    cons.stop()
+    pair.stop()
     load_rows, load_targets, load = load_cases(cluster, args.load_messages, max(2, args.load_messages // 10), args.slow_ms,
                                                args.load_repeat)
     close_cluster(cluster)  # before RLinf's run: two Rays at once would share the machine's cores

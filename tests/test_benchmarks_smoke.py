@@ -30,7 +30,7 @@ TABLE_TITLES = {
     "scale": "Scale benchmark",
     "routed": "Routed env <-> rollout exchange",
 }
-TARGETS = {"group": 3, "p2p": 1, "channel": 4, "mpi": 1, "trace": 2, "weights": 8, "weights-hosts": 2, "gloo": 0,
+TARGETS = {"group": 3, "p2p": 1, "channel": 7, "mpi": 1, "trace": 2, "weights": 8, "weights-hosts": 2, "gloo": 0,
            "scale": 2, "routed": 1}  # targets a smoke run (no 256 MiB size) reports
 
 
