@@ -42,8 +42,9 @@ def test_bad_ranks(bad):
         WorkerAddress("g", bad)
 
 
-def test_parent_of_root_rank_is_an_error():
-    with pytest.raises(ValueError, match="no parent"):
-        WorkerAddress("g", 0).get_parent_rank()
+def test_parent_rank_of_a_root_worker_is_0_as_in_rlinf_and_a_bad_name_is_an_error():
+    assert WorkerAddress("g", 3).get_parent_rank() == 0 and WorkerAddress("g").get_parent_rank() == 0
+    assert WorkerAddress("g", 3).get_child_address(1).get_parent_rank() == 3
+    assert WorkerAddress.from_parent_name_rank("g:3", 1) == WorkerAddress("g", [3, 1])
     with pytest.raises(ValueError):
         WorkerAddress.from_name("g:x")

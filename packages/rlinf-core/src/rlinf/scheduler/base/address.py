@@ -123,6 +123,19 @@ class WorkerAddress:
         """
         return cls.from_name(parent_name).get_child_address(rank)
 
+    @classmethod
+    def from_parent_name_rank(cls, parent_name: str, rank: int) -> "WorkerAddress":
+        """RLinf's name for ``from_parent_name``: the address of rank ``rank`` among ``parent_name``'s workers.
+
+        Args:
+            parent_name: the parent worker's name (``get_name()``).
+            rank: the child's rank.
+
+        Raises:
+            ValueError: ``parent_name`` is not a valid address name.
+        """
+        return cls.from_parent_name(parent_name, rank)
+
     # -- attributes -------------------------------------------------------
     @property
     def root_group_name(self) -> str:
@@ -154,12 +167,11 @@ class WorkerAddress:
     def get_parent_rank(self) -> int:
         """The rank of the worker that started this one (the second-to-last of the path).
 
-        Raises:
-            ValueError: this worker has no parent worker.
+        Returns:
+            That rank, or 0 for a worker no other worker started (a group's own rank), as in RLinf:
+            RLinf's SGLang and vLLM schedulers print it as their data-parallel rank either way.
         """
-        if len(self._ranks) < 2:
-            raise ValueError(f"worker {self.get_name()!r} has no parent worker")
-        return self._ranks[-2]
+        return self._ranks[-2] if len(self._ranks) > 1 else 0
 
     def get_parent_address(self) -> "WorkerAddress":
         """The address with the last rank removed: the parent worker's, or the root group's.
