@@ -22,7 +22,8 @@ Baselines:
   size checks.  Target: routed time / raw time <= 1.2.
 * RLinf 0.3.0 (``--with-rlinf``): ``rlinf_side/routed.py`` runs the same
   workers with RLinf's own ``send_to``/``recv_from`` and ``Channel`` in its own
-  environment, after this run's cluster has stopped (``rlinf_baseline.py``).
+  environment, after this run's cluster has stopped (``rlinf_baseline.py``),
+  one run per rollout group size, each bounded by ``--rlinf-timeout``.
   Target: RLinf time / rlinf time >= 10.
 """
 
@@ -169,10 +170,14 @@ def main(argv=None):
     finally:
         close_cluster(cluster)  # before RLinf's run: two Rays at once would share the machine's cores
     rl = None
-    if args.with_rlinf:
-        rl = rlinf_baseline.try_run_rlinf("routed", {
-            "steps": args.steps, "warmup": args.warmup, "repeat": args.repeat, "envs": args.envs,
-            "rollouts": sizes, "batch": args.batch, "image": args.image}, args.rlinf_timeout)
+    if args.with_rlinf:  # one RLinf run per size, each bounded by --rlinf-timeout: a hang costs one row only
+        rl = {"step": {}, "errors": {}}
+        for n in sizes:
+            got = rlinf_baseline.try_run_rlinf("routed", {
+                "steps": args.steps, "warmup": args.warmup, "repeat": args.repeat, "envs": args.envs,
+                "rollouts": [n], "batch": args.batch, "image": args.image}, args.rlinf_timeout)
+            for part in ("step", "errors"):
+                rl[part].update((got or {}).get(part, {}))
 
     obs_kib = (args.batch * 3 * args.image * args.image + args.batch * STATE_DIM * 4) / 1024
     rows, targets, labels = [], [], []
