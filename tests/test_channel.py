@@ -239,9 +239,9 @@ def test_a_get_batch_that_times_out_says_what_the_key_holds(cluster):
     says what the key holds and how to give items a weight, not only that it timed out."""
     from rlinf.scheduler import CommTimeoutError
 
-    ch = Channel.create("batch_weightless")
+    ch = Channel.create("basic")  # the first test's host, when it ran: no launch of its own
     for i in range(3):
-        ch.put(i)
+        ch.put(i, key="weightless")
     with pytest.raises(CommTimeoutError, match=r"holds 3 item\(s\) of total weight 0, less than target_weight 2.*weight="):
-        ch.get_batch(2, timeout=0.3)
-    assert [ch.get(timeout=5) for _ in range(3)] == [0, 1, 2]  # nothing was taken
+        ch.get_batch(2, key="weightless", timeout=0.3)
+    assert [ch.get(key="weightless", timeout=5) for _ in range(3)] == [0, 1, 2]  # nothing was taken
