@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -77,3 +78,21 @@ def test_one_rank_fewer_is_one_clear_line(tmp_path):
                  f"mpiexec -n {n}"):
         assert part in refusal
     assert not leftovers(MARKER)
+
+
+def test_a_zombie_driver_counts_as_gone():
+    """A driver that exited but is not reaped yet (its parent waits on output the ranks hold open) is gone:
+    ``kill(pid, 0)`` still finds a zombie, and ranks trusting it kept the parent and themselves waiting."""
+    from rlinf.mpi.service import _process_running
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while _process_running(child.pid):  # until it has exited, unreaped: a zombie
+            assert time.monotonic() < deadline, "the child did not exit within 30 s"
+            time.sleep(0.01)
+        os.kill(child.pid, 0)  # still there for kill(): the case the check must not trust
+        assert open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    finally:
+        child.wait(timeout=30)
+    assert _process_running(os.getpid())
