@@ -36,6 +36,9 @@ _GROUP_PREFIX = CHANNEL_HOST_PREFIX
 CONNECT_WAIT = 10.0
 #: seconds a ``*_nowait`` call may spend handing its request to the transport
 NOWAIT_SEND = 1.0
+#: a put of fewer bytes than this on a channel without maxsize goes as a one-way push; larger ones
+#: wait for the host's answer, which paces a producer of large items to what the host takes in
+PUSH_MAX = 1 << 16
 
 
 class ChannelHostWorker(Worker):
@@ -278,7 +281,7 @@ class Channel:
             return decode(ctrl_back, items) if decode else ctrl_back.get("value")
 
         try:
-            if ctrl["op"] == "put" and client.unbounded and not ctrl.get("nowait"):
+            if ctrl["op"] == "put" and client.unbounded and not ctrl.get("nowait") and _small(frames):
                 client.push(ctrl, frames, send_timeout)  # returned: it happened (see ChannelClient.push)
                 return _done(what) if async_op else None
             rid, fut = client.request(ctrl, frames, send_timeout, blocking=not async_op)
@@ -458,6 +461,15 @@ class Channel:
             CommunicationError: the host failed or cannot be reached.
         """
         return self._call({"op": "full", "key": _check_key(key)}, timeout=config.default_timeout())
+
+
+def _small(frames) -> bool:
+    total = 0
+    for f in frames:
+        total += f.nbytes if isinstance(f, memoryview) else len(f) if isinstance(f, (bytes, bytearray)) else memoryview(f).nbytes
+        if total >= PUSH_MAX:
+            return False
+    return True
 
 
 def _done(what: str):

@@ -20,7 +20,7 @@ an error never happened)
 uncommitted put is dropped, an item already sent for it goes back to the head
 of its queue), and ``push`` (a put already made, appended as it is read: a
 host without ``maxsize`` says so in its put answers (``unbounded``), and the
-client sends its later puts this way, returning once the message was handed
+client sends its later puts of small items this way, returning once the message was handed
 to the connection; a host with a ``maxsize`` refuses it).
 
 A consumer's client acknowledges a get's items with an ``ack`` of their own
