@@ -19,7 +19,7 @@ from rlinf.scheduler import (
     WorkerMethodError,
 )
 
-from launcher_marks import survives_worker_death
+from launcher_marks import TEST_LAUNCHER, survives_worker_death
 
 
 class Faulty(Worker):
@@ -36,6 +36,15 @@ class Faulty(Worker):
 
     def exit_with(self, code):
         os._exit(code)
+
+    def fork_a_child_that_exits(self, code):
+        """A child forked from the worker (as a DataLoader's) that ends with os._exit: its pid and node IP."""
+        import multiprocessing
+
+        child = multiprocessing.get_context("fork").Process(target=os._exit, args=(code,))
+        child.start()
+        child.join(30)
+        return child.pid, child.exitcode, self.worker_info.node_ip
 
     def sleep(self, seconds):
         time.sleep(seconds)
@@ -89,6 +98,18 @@ def test_a_worker_that_exited_says_how_and_a_later_call_says_it_was_dead_already
     assert "was already dead when 'sleep' was called: it died at " in later, later
     assert "while running 'exit_with' (it exited with code 3" in later, later
     assert not any("died while running 'sleep'" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.skipif(TEST_LAUNCHER != "ray", reason="the exit-code record is the Ray launcher's")
+def test_a_child_forked_from_a_worker_exits_as_it_would_and_records_nothing(launch):
+    """Only the worker's own os._exit records its code: a forked child shares the patched function, and must
+    neither make a cluster request from the copied connection nor leave a record a pid reuse could inherit."""
+    from rlinf.ray import exits
+
+    group = launch(Faulty, placement=NodePlacementStrategy([0]), name="forks")
+    pid, code, ip = group.fork_a_child_that_exits(7).wait(timeout=60)[0]
+    assert code == 7
+    assert exits.exit_of(ip, pid) is None
 
 
 def test_wait_timeout_names_the_running_ranks(launch):

@@ -307,3 +307,26 @@ def test_extension_module_and_rank_config_at_rlinf_paths(tmp_path, monkeypatch):
     monkeypatch.setenv("RLINF_EXT_MODULE", "no_such_module_here_at_all")
     load_user_extension_module()  # logged, not raised (RLinf)
     assert parse_rank_config("0-2,5", range(8), "node") == [0, 1, 2, 5]
+
+
+def test_a_released_lock_is_free_though_a_child_shares_its_descriptor():
+    """A child started while the lock was held (a DataLoader worker, a pool) shares its open file: the lock is
+    dropped explicitly, so releasing frees it for the next worker although the child lives on."""
+    import fcntl
+
+    from rlinf.scheduler.worker import lock
+
+    port = Cluster.find_free_port()
+    assert lock.lock_port(port)
+    fd = lock._port_fds[port]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], pass_fds=[fd])
+    try:
+        lock._unlock_port(port)
+        other = os.open(os.path.join(lock.lock_dir(), f"port-{port}.lock"), os.O_RDWR)
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError while the child holds it
+        finally:
+            os.close(other)
+    finally:
+        child.kill()
+        child.wait(timeout=30)

@@ -36,8 +36,12 @@ def install() -> None:
         return
     _installed = True
     real_exit = os._exit
+    worker_pid = os.getpid()
 
     def _exit(code):
+        if os.getpid() != worker_pid:  # a child forked from the worker (a DataLoader worker, a pool) ends as it would
+            real_exit(code)
+
         def record():
             try:
                 from ray.experimental.internal_kv import _internal_kv_put

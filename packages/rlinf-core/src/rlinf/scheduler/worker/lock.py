@@ -68,6 +68,25 @@ def _holder(fd: int) -> str:
         return "unknown"
 
 
+def _record_holder(fd: int, who: str) -> None:
+    """Write who holds the lock into its file, for the message of a worker that waits in vain; best effort:
+    a full file system (another user may fill ``/tmp``) must not leave a lock taken and its holder raising."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, who.encode(), 0)
+    except OSError:
+        pass
+
+
+def _unlock(fd: int) -> None:
+    """Drop the flock, then the descriptor: a child forked while the lock was held shares the open file,
+    and closing our descriptor alone would leave the lock held for as long as that child lives."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 class DeviceLock(AbstractContextManager):
     """RLinf's ``DeviceLock``: the worker's accelerators, held by one worker of the node at a time.
 
@@ -134,12 +153,11 @@ class DeviceLock(AbstractContextManager):
                                 f"{timeout if timeout is not None else config.default_timeout()} s; held by {holder}")
                         time.sleep(pause)
                         pause = min(pause * 2, _POLL_MOST)
-                    os.ftruncate(fd, 0)
-                    os.pwrite(fd, f"{self._describe()} pid {os.getpid()}".encode(), 0)
                     got.append(fd)
+                    _record_holder(fd, f"{self._describe()} pid {os.getpid()}")
             except BaseException:
                 for fd in got:
-                    os.close(fd)  # closing the last descriptor drops the flock
+                    _unlock(fd)
                 raise
             self._fds = got
             return True
@@ -158,7 +176,7 @@ class DeviceLock(AbstractContextManager):
                 raise RuntimeError(f"{self._describe()}: Lock is not acquired.")
             fds, self._fds = self._fds, []
         for fd in fds:
-            os.close(fd)
+            _unlock(fd)
 
     def _describe(self) -> str:
         worker = self._worker
@@ -202,9 +220,8 @@ def lock_port(port: int) -> bool:
         if not _try_flock(fd):
             os.close(fd)
             return False
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}".encode(), 0)
         _port_fds[port] = fd
+        _record_holder(fd, f"pid {os.getpid()}")
         return True
 
 
@@ -212,7 +229,7 @@ def _unlock_port(port: int) -> None:
     with _port_mutex:
         fd = _port_fds.pop(port, None)
     if fd is not None:
-        os.close(fd)
+        _unlock(fd)
 
 
 def acquire_port(find_port, max_tries: int) -> int:
