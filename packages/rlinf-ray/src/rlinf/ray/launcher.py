@@ -49,8 +49,7 @@ _REGISTRY_TIMEOUT = 60.0
 
 def _prepare_environment(address: Optional[str]) -> None:
     """Settings that must be in place before ``import ray`` for a loopback-only local cluster."""
-    if not address or loopback.is_loopback_address(address):  # never for a cluster that spans machines
-        loopback.stay_on_loopback()  # what Ray then takes for this node's address: loopback (see ``loopback``)
+    loopback.follow(address)  # Ray takes loopback for this node's address only for a loopback cluster
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not address and not os.environ.get("RAY_AUTH_MODE") and not os.environ.get("RAY_AUTH_TOKEN"):
         # token auth without writing ~/.ray: the token lives in this process tree's environment.  The mode

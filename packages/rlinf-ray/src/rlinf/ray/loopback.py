@@ -38,16 +38,54 @@ def is_loopback_address(address: Optional[str]) -> bool:
         return False
 
 
+#: the switch as it was before ``stay_on_loopback`` first turned it off: (environment value, Ray's constant)
+_before: Optional[tuple] = None
+
+
+def _ray_constants():
+    if "ray" not in sys.modules:
+        return None
+    try:
+        from ray._private import ray_constants
+    except ImportError:
+        return None
+    return ray_constants if hasattr(ray_constants, "ENABLE_RAY_CLUSTER") else None
+
+
 def stay_on_loopback() -> None:
     """Turn Ray's switch off, in the environment (for a Ray imported later, and the processes started
     from here) and in an already imported Ray, which read it at import (a Ray without the constant is
     left as it is)."""
+    global _before
+    constants = _ray_constants()
+    if _before is None:
+        _before = (os.environ.get(SWITCH), None if constants is None else constants.ENABLE_RAY_CLUSTER)
     os.environ[SWITCH] = "0"
-    if "ray" not in sys.modules:
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def leave_loopback() -> None:
+    """Put the switch back as it was before ``stay_on_loopback``: a driver that had an embedded cluster and
+    then joins one that spans machines (after ``ray.shutdown()``) must give its own address, not loopback."""
+    global _before
+    if _before is None:
         return
-    try:
-        from ray._private import ray_constants
-    except ImportError:
-        return
-    if hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
-        ray_constants.ENABLE_RAY_CLUSTER = False
+    env, constant = _before
+    _before = None
+    if env is None:
+        os.environ.pop(SWITCH, None)
+    else:
+        os.environ[SWITCH] = env
+    constants = _ray_constants()
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = constant if constant is not None else env != "0"
+
+
+def follow(address: Optional[str]) -> None:
+    """The switch for a cluster at ``address`` (``None``: an embedded one): off for loopback, never for a
+    cluster that spans machines (as the user's environment had it, if an earlier cluster here was on loopback)."""
+    if not address or is_loopback_address(address):
+        stay_on_loopback()
+    else:
+        leave_loopback()
