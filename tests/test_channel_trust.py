@@ -703,3 +703,30 @@ def _produce(record_file, name, mode="put"):
 
 if __name__ == "__main__":
     _produce(*sys.argv[1:])
+
+
+def test_a_get_batch_waiting_on_weightless_items_is_said_early_in_the_host_log(host, monkeypatch, caplog):
+    """Items put without weight= weigh 0 and never reach a get_batch's target: the host says so once the get
+    has waited STALL_NOTE_AFTER seconds, long before its timeout; a get_batch short of weight it may still get
+    is a normal wait and is not reported."""
+    from rlinf.scheduler.messaging.channel import queues
+
+    monkeypatch.setattr(queues, "STALL_NOTE_AFTER", 0.3)
+    h = host("stall_note")
+    producer, consumer = h.client("producer"), h.client("consumer")
+    for key, weight in (("weightless", 0.0),) * 3 + (("light", 0.5),):
+        _, fut = producer.request({"op": "put", "key": key, "weight": weight, "timeout": 5.0}, _frames(0),
+                                  blocking=True)
+        producer.wait_reply(fut, 7)
+    with caplog.at_level("WARNING", logger="rlinf.channel"):
+        for key in ("weightless", "light"):
+            _, fut = consumer.request({"op": "get_batch", "key": key, "target": 2.0, "timeout": 30.0}, ())
+            deadline = time.monotonic() + 10
+            while key == "weightless" and "holds 3 item(s) of total weight 0" not in caplog.text:
+                assert time.monotonic() < deadline, "no early word of the weightless get_batch within 10 s"
+                time.sleep(0.05)
+            if key == "light":
+                time.sleep(0.8)  # past the note's time: nothing to say of a key that holds weight
+            assert not fut.done()  # still waiting: the note ends nothing
+    notes = [r.getMessage() for r in caplog.records if "get_batch" in r.getMessage()]
+    assert len(notes) == 1 and "key 'weightless'" in notes[0] and "weight=" in notes[0], notes

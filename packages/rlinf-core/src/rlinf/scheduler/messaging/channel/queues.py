@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import logging
 import select
 import threading
 import time
@@ -89,6 +90,11 @@ class _Queue:
 
 #: the deadline heap is compacted when it reaches this size (and then twice what was left)
 _MIN_TIMERS_COMPACT = 1024
+#: seconds a parked ``get_batch`` waits before the host says so, if every item of its key weighs 0 (such
+#: items never add up to its target: they were put without ``weight=``); once per request
+STALL_NOTE_AFTER = 5.0
+
+log = logging.getLogger("rlinf.channel")
 
 
 class _KeyQueues:
@@ -140,6 +146,10 @@ class _KeyQueues:
             if len(self._timers) >= self._compact_timers_at:
                 self._compact_timers()
             heapq.heappush(self._timers, (w.deadline, next(self._seq), w))
+        if w.op == "get_batch":  # a second entry, before the deadline: the stall note (``_expire``)
+            note_at = time.monotonic() + STALL_NOTE_AFTER
+            if w.deadline is None or note_at < w.deadline:
+                heapq.heappush(self._timers, (note_at, next(self._seq), w))
 
     def _compact_timers(self) -> None:
         """Drop the deadlines of waiters already served.
@@ -250,10 +260,23 @@ class _KeyQueues:
         return (f"timed out waiting: key {show_key(w.key)} holds {len(q.items)} item(s) of total weight {weight:g}, "
                 f"less than target_weight {w.target:g}{hint}")
 
+    def _note_stall(self, w: _Waiter) -> None:
+        """Say early, in the host's log, that a ``get_batch`` waits on items that all weigh 0."""
+        q = self._queues.get(w.key)
+        if q is None or not q.items or any(wt for _, wt in q.items):
+            return
+        log.warning("channel %r: get_batch(target_weight=%g) from %s on key %s has waited %g s: the key holds "
+                    "%d item(s) of total weight 0, less than the target, and items put without weight= weigh 0 "
+                    "(put(item, weight=...) gives each its weight)", self.name, w.target, w.conn.name,
+                    show_key(w.key), STALL_NOTE_AFTER, len(q.items))
+
     def _expire(self, now: float) -> None:
         while self._timers and self._timers[0][0] <= now:
             _, _, w = heapq.heappop(self._timers)
             if not w.parked:
+                continue
+            if w.deadline is None or now < w.deadline:  # a get_batch's stall note, not its deadline
+                self._note_stall(w)
                 continue
             q = self._queues[w.key]
             self._unpark(q.putters if w.op == "put" else q.getters, w)
