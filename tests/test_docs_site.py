@@ -182,7 +182,7 @@ def test_no_script_of_docs_is_copied_into_the_site():
     """mkdocs copies every file of docs/ it does not take for a page: the scripts there are excluded."""
     config = (ROOT / "mkdocs.yml").read_text()
     excluded = config.split("exclude_docs: |", 1)[1].split("\n\n", 1)[0]
-    assert "/*.py" in excluded.split(), excluded
+    assert "/*.py" in excluded.split() and "__pycache__/" in excluded.split(), excluded  # and their bytecode
     assert sorted(p.name for p in (ROOT / "docs").glob("*.py")) == ["check_pages.py", "layers.py"]
 
 
