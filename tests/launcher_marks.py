@@ -14,3 +14,6 @@ MPI_ENDS_JOB = "under mpiexec a rank that dies ends the whole MPI job (tested in
 survives_worker_death = pytest.mark.skipif(TEST_LAUNCHER == "mpi", reason=MPI_ENDS_JOB)
 cpu_transport_internals = pytest.mark.skipif(
     TEST_LAUNCHER == "mpi", reason="inspects the cpu transport's internals; under MPI workers talk over the mpi transport")
+#: skip reason for tests of the Ray launcher's own records (how a worker ended): other launchers keep none
+RAY_RECORDS = "inspects the Ray launcher's record of how a worker ended"
+ray_launcher_records = pytest.mark.skipif(TEST_LAUNCHER != "ray", reason=RAY_RECORDS)

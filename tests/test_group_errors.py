@@ -19,7 +19,7 @@ from rlinf.scheduler import (
     WorkerMethodError,
 )
 
-from launcher_marks import TEST_LAUNCHER, survives_worker_death
+from launcher_marks import ray_launcher_records, survives_worker_death
 
 
 class Faulty(Worker):
@@ -100,7 +100,7 @@ def test_a_worker_that_exited_says_how_and_a_later_call_says_it_was_dead_already
     assert not any("died while running 'sleep'" in r.getMessage() for r in caplog.records), caplog.text
 
 
-@pytest.mark.skipif(TEST_LAUNCHER != "ray", reason="the exit-code record is the Ray launcher's")
+@ray_launcher_records
 def test_a_child_forked_from_a_worker_exits_as_it_would_and_records_nothing(launch):
     """Only the worker's own os._exit records its code: a forked child shares the patched function, and must
     neither make a cluster request from the copied connection nor leave a record a pid reuse could inherit."""
