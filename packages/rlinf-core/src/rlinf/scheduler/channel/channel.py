@@ -26,7 +26,8 @@ from ..base.hooks import hook
 from ..worker import Worker
 from ..worker.worker import provide_channels
 from ..messaging.channel.keys import key_token, replica_of, show_key
-from ..messaging.channel.client import REPLY_GRACE, ChannelClient, SendTimeout
+from ..messaging.channel.client import ChannelClient
+from ..messaging.channel.protocol import REPLY_GRACE, SendTimeout
 from ..messaging.channel.protocol import send_timeout as _send_timeout
 from .works import _PutWork, _TakeWork
 

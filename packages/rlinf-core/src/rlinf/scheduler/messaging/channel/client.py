@@ -60,22 +60,8 @@ from typing import Optional
 from ...base.errors import CommunicationError, PeerDiedError
 from ...plugins.transport import Link, LinkBusy
 from .commits import BURST, _Commits, _Reply, _settle, _settle_decided
-from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
-
-#: seconds a client waits beyond an operation's own timeout for the host's reply
-REPLY_GRACE = 10.0
-
-
-class SendTimeout(TimeoutError):
-    """A request could not be handed to the transport in time; nothing of it was sent.
-
-    ``busy``: another thread's send on the connection held it that long (the
-    host may well be taking items)."""
-
-    def __init__(self, message: str, busy: bool = False):
-        super().__init__(message)
-        self.busy = busy
-
+from .protocol import (DEAD_AFTER_BEATS, REPLY_GRACE, SendTimeout, control, heartbeat_interval, pack,
+                       send_limit, send_timeout)
 
 class ChannelClient(_Commits):
     def __init__(self, channel: str, host: str, link: Link):
@@ -609,7 +595,6 @@ _transports_lock = threading.Lock()
 def _client_transport(entry):
     """A transport instance used only to connect (clients do not listen)."""
     with _transports_lock:
-        t = _transports.get(entry.name)
-        if t is None:
-            t = _transports[entry.name] = entry.descriptor.factory()
-        return t
+        if entry.name not in _transports:
+            _transports[entry.name] = entry.descriptor.factory()
+        return _transports[entry.name]

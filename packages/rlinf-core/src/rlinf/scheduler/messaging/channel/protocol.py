@@ -104,3 +104,18 @@ def control(frame) -> dict:
 
 def pack(ctrl: dict) -> bytes:
     return json.dumps(ctrl, separators=(",", ":")).encode()
+
+
+#: seconds a client waits beyond an operation's own timeout for the host's reply
+REPLY_GRACE = 10.0
+
+
+class SendTimeout(TimeoutError):
+    """A request could not be handed to the transport in time; nothing of it was sent.
+
+    ``busy``: another thread's send on the connection held it that long (the
+    host may well be taking items)."""
+
+    def __init__(self, message: str, busy: bool = False):
+        super().__init__(message)
+        self.busy = busy
