@@ -83,7 +83,7 @@ def test_one_rank_fewer_is_one_clear_line(tmp_path):
 def test_a_zombie_driver_counts_as_gone():
     """A driver that exited but is not reaped yet (its parent waits on output the ranks hold open) is gone:
     ``kill(pid, 0)`` still finds a zombie, and ranks trusting it kept the parent and themselves waiting."""
-    from rlinf.mpi.service import _process_running
+    from rlinf.scheduler.base.processes import process_running as _process_running
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:

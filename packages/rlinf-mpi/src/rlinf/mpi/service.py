@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from typing import Callable, Optional
 
 import cloudpickle
+from rlinf.scheduler.base.processes import process_running
 
 from . import runtime
 from .polling import IN_MPI, MAX_SLEEP, wait_requests
@@ -52,26 +53,7 @@ def rank_alive(rank: int) -> bool:
     info = w.ranks[rank]
     if info.hostname != w.ranks[w.rank].hostname:
         return True
-    return _process_running(info.pid)
-
-
-def _process_running(pid: int) -> bool:
-    """Whether ``pid`` runs: a zombie has ended too, although ``kill(pid, 0)`` still finds it (a driver whose
-    parent has not reaped it yet, while its ranks keep the parent waiting on the output they hold open)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        pass  # gone, or /proc hides it (hidepid): ask the kernel
-    except (OSError, IndexError):
-        return True
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    return process_running(info.pid)
 
 
 def send_bytes(comm, data, dest: int, tag: int, deadline: Optional[float]) -> None:

@@ -30,6 +30,7 @@ import time
 from typing import Optional
 
 from ..base import jsonfile, security
+from ..base.processes import process_running
 
 STATUS_DIR_ENV = "RLINF_STATUS_DIR"
 _log = logging.getLogger("rlinf.status")
@@ -162,16 +163,6 @@ def _boot() -> Optional[str]:
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def process_mark() -> dict:
     """What names this process for ``runs_here`` in a file it publishes: pid, host, boot and start time
     (a pid alone is handed to another process once this one ends, and a killed job leaves its file)."""
@@ -187,7 +178,7 @@ def runs_here(mark: dict) -> bool:
         return False
     if pid <= 0 or mark.get("boot") not in (None, _boot()):
         return False  # written before this machine booted
-    if not _alive(pid):
+    if not process_running(pid):
         return False
     started = mark.get("started")
     return started is None or _started(pid) in (None, started)

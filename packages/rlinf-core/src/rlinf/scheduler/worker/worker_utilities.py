@@ -27,6 +27,7 @@ import os
 from typing import Optional
 
 from ..base import context, timing
+from ..base.processes import process_running
 from ..cluster import Cluster
 from ..cluster.allocation import apply_allocated_env
 from ..cluster.utils import load_user_extension_module
@@ -217,21 +218,4 @@ class WorkerUtilities:
 
         if worker.info.hostname != socket.gethostname() or not worker.info.pid:
             return True
-        return _process_alive(worker.info.pid)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-    except OSError:
-        return True
+        return process_running(worker.info.pid)
