@@ -83,7 +83,7 @@ class AsyncRouteWork(AsyncWork):
         results = []
         for work in self._works:
             if deadline is None:
-                results.append(work.wait())
+                results.append(work.wait())  # wait(None) as asked: each work is bounded by its own operation's timeout
                 continue
             left = deadline - time.monotonic()
             if left <= 0 and not work.done():

@@ -185,7 +185,7 @@ class DeviceLock(AbstractContextManager):
         return f"worker {worker.worker_address.get_name()!r} (group {worker.worker_group_name!r}, rank {worker._rank}{node})"
 
     def __enter__(self):
-        self.acquire()
+        self.acquire()  # bounded: RLINF_TIMEOUT, then a TimeoutError naming the holder
         return self
 
     def __exit__(self, exc_type, exc_value, traceback):
