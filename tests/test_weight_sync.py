@@ -424,7 +424,8 @@ def test_receiver_that_dies_mid_broadcast_is_named_on_the_source(five, path, mem
 
 
 def _death_named(w, path, members, victim, group):
-    """The source broadcasts 64 MiB twice; ``victim`` exits during the second; then the rest go on."""
+    """The source broadcasts 64 MiB twice; ``victim`` exits during the second, before taking the payload; then
+    the rest go on."""
     _use_path(path)
     groups = [(group, members)]
     rest = [(group, [r for r in members if r != victim])]
@@ -444,9 +445,16 @@ def _death_named(w, path, members, victim, group):
     out = {k: torch.zeros_like(v) for k, v in big.items()}
     w.broadcast(groups=groups, out=out, timeout=60)
     if w._rank == victim:
-        w.broadcast(groups=groups, out=out, timeout=60, async_op=True)
-        time.sleep(0.01)
-        os._exit(0)  # mid-broadcast (or before joining it): the source must name us, not hang
+        # die mid-broadcast every time: the description has arrived, the payload is not taken or acknowledged
+        # (exiting a moment after an async broadcast began let a fast receiver finish first now and then)
+        from rlinf.scheduler.messaging.p2p import broadcast_receiver
+
+        def _exit_on_payload(*_args, **_kwargs):
+            os._exit(0)
+
+        broadcast_receiver._receive_payload = _exit_on_payload
+        w.broadcast(groups=groups, out=out, timeout=60)
+        os._exit(0)  # not reached: the source must name us, not hang
     try:
         w.broadcast(groups=groups, out=out, timeout=60)
     except CommunicationError:
