@@ -188,6 +188,8 @@ class ChannelServer(_KeyQueues):
                 self._again.discard(conn)
                 return
             self._on_message(conn, msg[1])
+            if self._to_flush:  # a reply it made (to it, or to a parked get) leaves now, not after the burst
+                self._flush_all()
         self._again.add(conn)  # more may sit in the link's buffer, where the selector cannot see it
 
     def _lost(self, conn: _Conn, read_all: bool = False) -> None:
