@@ -140,7 +140,7 @@ def _both(group, method, *args):
 
 
 def _socket_echo(port, n):
-    with socket.create_connection(("127.0.0.1", port)) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for _ in range(n):
             s.sendall(_recv_exact(s, 100))
@@ -161,10 +161,12 @@ def socket_round_trip(n: int, warmup: int) -> float:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
+    listener.settimeout(60)  # bounded: a child that fails to start must not hang the run
     proc = multiprocessing.get_context("spawn").Process(target=_socket_echo, args=(listener.getsockname()[1], n + warmup))
     proc.start()
     try:
         conn, _ = listener.accept()
+        conn.settimeout(60)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         payload = b"x" * 100
         for i in range(n + warmup):
