@@ -202,6 +202,17 @@ def test_tracer_manager_writes_rlinf_jsonl(tmp_path):
         Tracer(tmp_path / "t.jsonl").record(["not", "a", "dict"])
 
 
+def test_tracer_never_appends_through_a_planted_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    os.symlink(victim, tmp_path / "trace_events.jsonl")
+    with pytest.raises(OSError):
+        Tracer(tmp_path / "trace_events.jsonl")
+    assert victim.read_text() == "keep me"
+    tracer = Tracer(tmp_path / "fresh.jsonl")
+    assert oct(os.stat(tracer.output_file).st_mode & 0o777) == oct(0o600)
+
+
 PROGRAM = r"""
 import json, os, ray, sys
 from rlinf.scheduler import Cluster, NodePlacementStrategy, Worker

@@ -1,7 +1,9 @@
-"""JSON files written whole: a reader never sees half of one, and a failed write leaves nothing behind.
+"""Files written whole: a reader never sees half of one, and a failed write leaves nothing behind.
 
-Used for the trace file (``tracing.export``) and the files a job publishes for the status command
-(``status_dir``).
+Each is written as a new file beside its path (``mkstemp``: mode 0600, never opened through a link)
+and renamed over the path, so a link another user planted there is replaced, not written through.
+Used for the trace files (``tracing.export``, profiler windows) and the files a job publishes for the
+status command (``status_dir``).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Optional
+from typing import Callable, Optional
 
 
 def write_new(body, folder: Optional[str], prefix: str, suffix: str, compact: bool = False) -> str:
@@ -29,6 +31,21 @@ def replace(path: str, body, tmp_prefix: str, tmp_suffix: str, compact: bool = F
     """Write ``body`` to ``path`` atomically: a new file beside it (``write_new``), renamed over it."""
     tmp = write_new(body, os.path.dirname(os.path.abspath(path)), tmp_prefix, tmp_suffix, compact)
     try:
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return path
+
+
+def replace_by(path: str, fill: Callable[[str], None], tmp_prefix: str, tmp_suffix: str) -> str:
+    """``fill(tmp)`` writes a new file beside ``path`` (it may write it anew), which is then made 0600 and
+    renamed over ``path``; removed if anything fails.  Returns ``path``."""
+    fd, tmp = tempfile.mkstemp(prefix=tmp_prefix, suffix=tmp_suffix, dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    try:
+        fill(tmp)
+        os.chmod(tmp, 0o600)
         os.replace(tmp, path)
     except BaseException:
         _unlink(tmp)

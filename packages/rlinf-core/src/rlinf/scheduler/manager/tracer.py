@@ -44,7 +44,8 @@ class Tracer:
 
         Raises:
             TypeError: ``output_file`` is not a path.
-            OSError: the file cannot be opened.
+            OSError: the file cannot be opened, or is a symbolic link (never followed: in a shared
+                folder another user could point one at a file of ours).
         """
         if not isinstance(output_file, (str, os.PathLike)):
             raise TypeError(f"output_file must be a path, got {type(output_file).__name__}")
@@ -52,7 +53,8 @@ class Tracer:
         folder = os.path.dirname(self._path)
         if folder:
             os.makedirs(folder, exist_ok=True)
-        self._file = open(self._path, "a", encoding="utf-8")
+        fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self._file = os.fdopen(fd, "a", encoding="utf-8")
         self._write_lock = threading.Lock()
 
     @property

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
+from ..base import jsonfile
 
 
 def _process_name(label: str) -> str:
@@ -63,16 +63,9 @@ def write(path, trace: dict) -> str:
     """Write ``trace`` to ``path`` as JSONL, atomically; returns the path.  Raises ``OSError`` if it cannot."""
     path = os.fspath(path)
     text = "".join(json.dumps(e) + "\n" for e in to_lines(trace))
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".rlinf-trace-", suffix=".jsonl", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
+
+    def fill(tmp: str) -> None:
+        with open(tmp, "w") as f:
             f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+
+    return jsonfile.replace_by(path, fill, ".rlinf-trace-", ".jsonl")

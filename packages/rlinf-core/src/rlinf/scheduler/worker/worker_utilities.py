@@ -10,7 +10,9 @@
   the window as a Chrome trace to
   ``<output_dir>/rlinf_profile_<worker name>_<pid>_step<step>.json``
   (``output_dir`` from the section, else ``$TMPDIR/rlinf-profiles-<uid>``,
-  private to the user) and returns its path.  With ``backend: nsight`` and a
+  private to the user) and returns its path.  The trace is written to a new
+  file beside that path and renamed over it: a link planted at the path is
+  replaced, never followed.  With ``backend: nsight`` and a
   GPU, the CUDA profiler API range (``torch.cuda.profiler.start``/``stop``)
   opens and closes with it, as RLinf's ``nsys --capture-range=cudaProfilerApi``
   expects.  Without the section they do nothing.
@@ -22,11 +24,10 @@
 from __future__ import annotations
 
 import functools
-
 import os
 from typing import Optional
 
-from ..base import context, timing
+from ..base import context, jsonfile, timing
 from ..base.processes import process_running
 from ..cluster import Cluster
 from ..cluster.allocation import apply_allocated_env
@@ -36,6 +37,13 @@ from .lock import DeviceLock, acquire_port
 
 #: how many ports ``acquire_free_port`` tries by default (RLinf's)
 PORT_TRIES = 10000
+
+
+def export_profile(profiler, path: str) -> str:
+    """Write ``profiler``'s Chrome trace to ``path`` through a new file beside it, renamed over it
+    (``jsonfile.replace_by``): whatever another user planted at ``path`` (a link to a file of ours) is
+    replaced, not written through."""
+    return jsonfile.replace_by(path, profiler.export_chrome_trace, ".rlinf-profile-", ".json")
 
 
 class WorkerUtilities:
@@ -188,8 +196,7 @@ class WorkerUtilities:
         out = settings.output_dir or default_profile_output_dir()
         os.makedirs(out, mode=0o700, exist_ok=True)
         path = profile_output_prefix(self.get_name(), out).replace("%p", f"{os.getpid()}_step{step}") + ".json"
-        profiler.export_chrome_trace(path)
-        return os.path.abspath(path)
+        return os.path.abspath(export_profile(profiler, path))
 
     # -- liveness -----------------------------------------------------------
     @staticmethod
