@@ -37,6 +37,11 @@ class Faulty(Worker):
     def exit_with(self, code):
         os._exit(code)
 
+    def actor_and_node(self):
+        import ray
+
+        return ray.get_runtime_context().get_actor_id(), self.worker_info.node_ip
+
     def fork_a_child_that_exits(self, code):
         """A child forked from the worker (as a DataLoader's) that ends with os._exit: its pid and node IP."""
         import multiprocessing
@@ -110,6 +115,32 @@ def test_a_child_forked_from_a_worker_exits_as_it_would_and_records_nothing(laun
     pid, code, ip = group.fork_a_child_that_exits(7).wait(timeout=60)[0]
     assert code == 7
     assert exits.exit_of(ip, pid) is None
+    actor_id, _ip = group.actor_and_node().wait(timeout=60)[0]
+    assert exits.exit_of(None, None, actor_id) is None  # nor under the worker's own id, which the child shares
+
+
+@ray_launcher_records
+@survives_worker_death
+def test_a_worker_killed_by_a_signal_never_inherits_an_exit_code_recorded_under_its_pid(launch):
+    """An earlier process with the same pid on the node left a code: a worker killed by a signal is still
+    said to have been killed, not to have exited with that code."""
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
+
+    group = launch(Faulty, placement=NodePlacementStrategy([0]), name="reused")
+    pid = group.pid().wait(timeout=60)[0]
+    _actor_id, ip = group.actor_and_node().wait(timeout=60)[0]
+    stale = f"{ip}:{pid}".encode()  # where a record of a process by node and pid would be
+    _internal_kv_put(stale, b"9", overwrite=True, namespace="rlinf_exits")
+    try:
+        handle = group.sleep(30)
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError) as info:
+            handle.wait(timeout=25)
+    finally:
+        _internal_kv_del(stale, namespace="rlinf_exits")
+    text = str(info.value)
+    assert "killed by a signal" in text and "exited with code 9" not in text, text
 
 
 def test_wait_timeout_names_the_running_ranks(launch):

@@ -9,6 +9,13 @@ process; at most ``RECORD_TIMEOUT`` seconds, in a thread, so an exit never
 hangs), and the driver reads it when it finds the worker dead
 (``exit_of``).  A process killed by a signal (SIGKILL, the OOM killer) or
 one that crashed records nothing; the driver says so.
+
+Records are keyed by the actor's id, which Ray never gives twice in a
+cluster, so a record outlives its process harmlessly: a later worker that
+happens to get the same pid on the same node does not inherit it (keyed by
+node and pid, a worker killed by a signal would have been said to exit with
+an earlier process's code).  Node and pid key a record only where no actor
+id is known.
 """
 
 from __future__ import annotations
@@ -23,10 +30,18 @@ _NAMESPACE = "rlinf_exits"
 _installed = False
 
 
-def _key(pid: int) -> bytes:
+def _key(actor_id: Optional[str], ip: Optional[str], pid) -> bytes:
+    return (f"actor:{actor_id}" if actor_id else f"{ip}:{pid}").encode()
+
+
+def _own_key() -> bytes:
     import ray
 
-    return f"{ray.util.get_node_ip_address()}:{pid}".encode()
+    try:
+        actor_id = ray.get_runtime_context().get_actor_id()
+    except Exception:
+        actor_id = None
+    return _key(actor_id, ray.util.get_node_ip_address(), os.getpid())
 
 
 def install() -> None:
@@ -37,6 +52,7 @@ def install() -> None:
     _installed = True
     real_exit = os._exit
     worker_pid = os.getpid()
+    key = _own_key()
 
     def _exit(code):
         if os.getpid() != worker_pid:  # a child forked from the worker (a DataLoader worker, a pool) ends as it would
@@ -46,7 +62,7 @@ def install() -> None:
             try:
                 from ray.experimental.internal_kv import _internal_kv_put
 
-                _internal_kv_put(_key(os.getpid()), str(int(code)).encode(), overwrite=True, namespace=_NAMESPACE)
+                _internal_kv_put(key, str(int(code)).encode(), overwrite=True, namespace=_NAMESPACE)
             except Exception:
                 pass
 
@@ -58,9 +74,10 @@ def install() -> None:
     os._exit = _exit
 
 
-def exit_of(ip: Optional[str], pid) -> Optional[int]:
-    """The code worker ``pid`` on the node at ``ip`` passed to ``os._exit``, or None."""
-    if not ip or not pid:
+def exit_of(ip: Optional[str], pid, actor_id: Optional[str] = None) -> Optional[int]:
+    """The code the worker passed to ``os._exit``, or None: the worker of actor ``actor_id``, or where no id is
+    known, worker ``pid`` on the node at ``ip``."""
+    if not actor_id and (not ip or not pid):
         return None
     found: list = []
 
@@ -68,7 +85,7 @@ def exit_of(ip: Optional[str], pid) -> Optional[int]:
         try:
             from ray.experimental.internal_kv import _internal_kv_get
 
-            raw = _internal_kv_get(f"{ip}:{pid}".encode(), namespace=_NAMESPACE)
+            raw = _internal_kv_get(_key(actor_id, ip, pid), namespace=_NAMESPACE)
             found.append(int(raw) if raw is not None else None)
         except Exception:
             pass
@@ -84,7 +101,7 @@ def death_reason(exc) -> str:
     says (a process that ended unexpectedly without recording a code was killed by a signal or crashed)."""
     text = str(exc).strip()
     fields = dict(line.strip().split(": ", 1) for line in text.splitlines() if line.startswith("\t") and ": " in line)
-    code = exit_of(fields.get("ip"), fields.get("pid"))
+    code = exit_of(fields.get("ip"), fields.get("pid"), fields.get("actor_id"))
     if code is not None:
         return f"it exited with code {code} (os._exit)"
     if "connection error code" in text or "unexpectedly exits" in text:
