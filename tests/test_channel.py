@@ -123,6 +123,10 @@ def test_async_ops_and_event_loop(workers):
         return await_with_ticker(ch.get(async_op=True))
 
     r = run_on(workers, 0, consumer, ch)
+    end = time.monotonic() + 30  # its get is parked at the host (the consumer awaits it) before the wait below
+    while sum(q["getters"] for q in _hosts["asyncch"].stats(True).wait()[0]["queues"].values()) < 1:
+        assert time.monotonic() < end, "the consumer's get never reached the host"
+        time.sleep(0.05)
     time.sleep(1.5)
     work = ch.put({"v": 1}, async_op=True)
     work.wait(10)

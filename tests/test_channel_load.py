@@ -104,7 +104,7 @@ def test_a_consumer_that_does_not_read_stalls_no_other_key(cluster, monkeypatch)
         assert stats["clients"] == 2 and 200 <= stats["in_flight"] <= 201, stats
     finally:
         stuck.close()
-    assert beside < 10 * alone + 5, f"50 round trips took {beside:.2f} s beside the stuck consumer, {alone:.2f} s alone"
+    assert beside < 10 * alone + 20, f"50 round trips took {beside:.2f} s beside the stuck consumer, {alone:.2f} s alone"
     got = [ch.get(key="slow", timeout=30)[0] for _ in range(200)]
     assert got == list(range(200))  # put back at the head of their queue, in order
     assert ch.qsize(key="slow") == 0

@@ -469,27 +469,30 @@ def test_a_slow_callback_does_not_make_a_live_host_look_silent(cluster, short_li
     assert parked.wait(timeout=20) == "lv"
 
 
-def test_a_nowait_put_behind_a_stalled_send_times_out_and_the_connection_lives(cluster, short_limits, monkeypatch):
+def test_a_nowait_put_behind_a_stalled_send_times_out_and_the_connection_lives(cluster, monkeypatch):
     """``put_nowait`` waits for another thread's send on the same connection at most its own second:
     a connection busy with a long send is a timeout, not a full queue.  The heartbeat does not queue
     behind the stalled send either, and once the host reads again everything goes through."""
     monkeypatch.setenv("RLINF_CPU_LOCAL", "0")  # TCP: a large item goes through the socket, not shared memory
+    monkeypatch.setenv("RLINF_CHANNEL_SEND_TIMEOUT", "8")  # the stalled send lives through the stop below
+    monkeypatch.setenv("RLINF_CHANNEL_HEARTBEAT", "1")  # pings go out during it; dead after 5 s of silence
     ch = Channel.create("busy-link")
     ch.put(0, key="warm", timeout=20)
     assert ch.get(key="warm", timeout=20) == 0
     pid = _host_pid(cluster, "busy-link")
+    client = ch._client()
     big = torch.ones(32 * MiB, dtype=torch.uint8)  # more than the socket buffers of a stopped host take
     stalled = threading.Thread(target=lambda: ch.put(big, key="big", timeout=20), daemon=True)
     os.kill(pid, signal.SIGSTOP)
     try:
         stalled.start()
-        time.sleep(0.3)
+        _wait_for(lambda: stalled.ident in client._sending, 3, "the large put's send under way")
         start = time.monotonic()
         with pytest.raises(CommTimeoutError, match="another send"):
             ch.put_nowait(1, key="small")
-        assert time.monotonic() - start < 2.0 and stalled.is_alive()
+        assert time.monotonic() - start < 3.0 and stalled.is_alive()  # its own second, not the 20 s put's
     finally:
-        os.kill(pid, signal.SIGCONT)  # within the 2.5 s the host may stay silent
+        os.kill(pid, signal.SIGCONT)  # within the 5 s the host may stay silent
     stalled.join(30)
     assert not stalled.is_alive()
     assert int(ch.get(key="big", timeout=20).sum()) == 32 * MiB

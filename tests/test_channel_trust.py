@@ -605,12 +605,15 @@ def test_an_item_whose_reply_never_left_for_a_dropped_client_is_given_back_at_on
 
     monkeypatch.setattr(server, "_flush_all", drop_before_flush)
     consumer.request({"op": "get", "key": "k", "timeout": 10.0}, ())
-    time.sleep(0.3)  # parked
+    end = time.monotonic() + 20
+    while not server._ask(lambda: bool(server._queues.get("k") and server._queues["k"].getters)):
+        assert time.monotonic() < end, "the consumer's get was never parked"
+        time.sleep(0.02)
     try:
         _put(producer, "k", "item")
         begin = time.monotonic()
-        assert _get(other, "k", 2.0) == "item"
-        assert time.monotonic() - begin < 1.5
+        assert _get(other, "k", 4.0) == "item"  # at once: not after the connection's 5 s of draining
+        assert time.monotonic() - begin < 4.0
         assert server._ask(lambda: conn.draining is not None)  # given back while the connection still drains
     finally:
         release.set()

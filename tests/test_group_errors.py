@@ -51,7 +51,9 @@ class Faulty(Worker):
         child.join(30)
         return child.pid, child.exitcode, self.worker_info.node_ip
 
-    def sleep(self, seconds):
+    def sleep(self, seconds, started=None):
+        if started is not None:  # a file each rank creates once the call runs (a test kills it only then)
+            open(f"{started}.{self._rank}", "w").close()
         time.sleep(seconds)
         return self._rank
 
@@ -73,12 +75,19 @@ def test_method_error_names_group_rank_node_method_with_traceback(launch):
     assert group.fail_on(99).wait() == [0, 1, 2]
 
 
+def _until_started(started, rank):
+    end = time.monotonic() + 30
+    while not os.path.exists(f"{started}.{rank}"):
+        assert time.monotonic() < end, "the call never started"
+        time.sleep(0.05)
+
+
 @survives_worker_death
-def test_killed_worker_raises_within_seconds(launch):
+def test_killed_worker_raises_within_seconds(launch, tmp_path):
     group = launch(Faulty, placement=NodePlacementStrategy([0, 0]), name="killed")
     pids = group.pid().wait()
-    handle = group.sleep(30)
-    time.sleep(0.5)
+    handle = group.sleep(30, str(tmp_path / "started"))
+    _until_started(tmp_path / "started", 1)
     os.kill(pids[1], signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(WorkerDiedError) as info:
@@ -121,7 +130,7 @@ def test_a_child_forked_from_a_worker_exits_as_it_would_and_records_nothing(laun
 
 @ray_launcher_records
 @survives_worker_death
-def test_a_worker_killed_by_a_signal_never_inherits_an_exit_code_recorded_under_its_pid(launch):
+def test_a_worker_killed_by_a_signal_never_inherits_an_exit_code_recorded_under_its_pid(launch, tmp_path):
     """An earlier process with the same pid on the node left a code: a worker killed by a signal is still
     said to have been killed, not to have exited with that code."""
     from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
@@ -132,8 +141,8 @@ def test_a_worker_killed_by_a_signal_never_inherits_an_exit_code_recorded_under_
     stale = f"{ip}:{pid}".encode()  # where a record of a process by node and pid would be
     _internal_kv_put(stale, b"9", overwrite=True, namespace="rlinf_exits")
     try:
-        handle = group.sleep(30)
-        time.sleep(0.5)
+        handle = group.sleep(30, str(tmp_path / "started"))
+        _until_started(tmp_path / "started", 0)
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(WorkerDiedError) as info:
             handle.wait(timeout=25)

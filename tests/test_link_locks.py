@@ -43,14 +43,22 @@ def test_an_interrupt_just_after_the_lock_was_taken_releases_it():
 
 def test_a_wait_behind_another_ends_at_its_deadline_with_linkbusy():
     lock = threading.RLock()
-    holder = threading.Thread(target=lambda: (lock.acquire(), time.sleep(1.0), lock.release()))
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            held.set()
+            done.wait(20)
+
+    holder = threading.Thread(target=hold)
     holder.start()
-    time.sleep(0.1)
+    assert held.wait(20)  # the other send holds the lock now
     start = time.monotonic()
     with pytest.raises(LinkBusy):
         with HeldWithin(lock, time.monotonic() + 0.2, "send"):
             pass
-    assert time.monotonic() - start < 0.8
+    assert time.monotonic() - start < 3  # its deadline (0.2 s), not the holder's 20 s
+    done.set()
     holder.join(10)
     with HeldWithin(lock, time.monotonic() + 1, "send"):  # free again
         assert lock._is_owned()

@@ -227,13 +227,17 @@ def test_async_work_api(pair):
     def receiver(w):
         work = w.recv("p2p_a", 0, async_op=True)
         chained = work.then(lambda obj: obj["x"] * 2)
-
+        w.send("ready", "p2p_a", 0)  # the sender waits 1.5 s from here: the await below has begun by then
         value, ticks = await_with_ticker(work)
         return value["x"], chained.wait(5), work.done(), ticks
 
+    def sender(w):
+        assert w.recv("p2p_b", 0) == "ready"
+        time.sleep(1.5)
+        w.send({"x": 21}, "p2p_b", 0)
+
     r = run_on(b, 0, receiver)
-    time.sleep(1.5)
-    run_on(a, 0, lambda w: w.send({"x": 21}, "p2p_b", 0)).wait()
+    run_on(a, 0, sender).wait(timeout=60)
     (x, doubled, done, ticks), = r.wait()
     # the loop kept running while waiting: a blocked loop ticks at most once in the 1.5 s a 10 ms ticker fills ~150 times
     assert (x, doubled, done) == (21, 42, True) and ticks >= 5, ticks

@@ -306,13 +306,16 @@ def test_a_connection_not_taken_in_time_is_made_again_within_the_deadline(monkey
 
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
     monkeypatch.setenv("RLINF_HANDSHAKE_TIMEOUT", "0.5")
-    taken, cond = [], threading.Condition()
+    taken, entered, cond = [], [], threading.Condition()
 
     def on_accept(link, hello):
-        if not taken:
+        with cond:  # the first connection to arrive is the one taken too late (decided on arrival: the
+            first = not entered  # attempts' handshakes run on threads of their own)
+            entered.append(1)
+        if first:
             time.sleep(1.5)  # past the connecting side's wait for the acknowledgement
         with cond:
-            taken.append(link)
+            taken.append((first, link))
             cond.notify_all()
 
     server = CpuTransport()
@@ -322,10 +325,16 @@ def test_a_connection_not_taken_in_time_is_made_again_within_the_deadline(monkey
         link = Communicator._connect(client, endpoint, json.dumps({"i": 0}).encode(), time.monotonic() + 20)
         link.send([b"after"], time.monotonic() + 10)
         with cond:
-            assert cond.wait_for(lambda: len(taken) == 2, 10)
-        with pytest.raises(ConnectionError):  # the late one: taken after its sender gave up, and empty
-            taken[0].recv(time.monotonic() + 10)
-        assert bytes(taken[1].recv(time.monotonic() + 10)[1][0]) == b"after"
+            assert cond.wait_for(lambda: any(f for f, _ in taken) and len(taken) >= 2, 10)
+        got = []
+        for first, other in list(taken):
+            try:
+                got.append((first, bytes(other.recv(time.monotonic() + 10)[1][0])))
+            except ConnectionError:  # taken after its sender gave up, and empty
+                got.append((first, None))
+        # the late one carried nothing; exactly one later attempt (a loaded machine may need more) carried it all
+        assert (True, None) in got and [b for _f, b in got].count(b"after") == 1, got
+        assert all(b in (None, b"after") for _f, b in got), got
         link.close()
     finally:
         server.close()
@@ -351,7 +360,7 @@ def test_a_listener_too_busy_to_handshake_in_time_is_connected_to_again(monkeypa
     connect = Communicator._connect if via == "p2p" else functools.partial(Communicator._connect,
                                                                              again_after_hello=False)
     monkeypatch.setenv("RLINF_CLUSTER_SECRET", os.environ.get("RLINF_CLUSTER_SECRET") or "s" * 64)
-    monkeypatch.setenv("RLINF_HANDSHAKE_TIMEOUT", "0.5")
+    monkeypatch.setenv("RLINF_HANDSHAKE_TIMEOUT", "1.0")  # the retry has a second, a loaded machine too
     server = socketlib.create_server(("127.0.0.1", 0))
     server.settimeout(20)
     seen = []
@@ -360,7 +369,7 @@ def test_a_listener_too_busy_to_handshake_in_time_is_connected_to_again(monkeypa
         first, _ = server.accept()
         if stall == "before answering":
             first.sendall(security._MAGIC + b"n" * security._NONCE)  # begins, then stalls on the answer
-        time.sleep(1.2)  # past the connecting side's handshake deadline
+        time.sleep(2.5)  # past the connecting side's handshake deadline
         first.close()
         while not seen:  # bounded by the server's accept timeout; attempts made while we slept gave up
             conn, _ = server.accept()
@@ -383,7 +392,7 @@ def test_a_listener_too_busy_to_handshake_in_time_is_connected_to_again(monkeypa
     try:
         start = time.monotonic()
         link = connect(client, endpoint, json.dumps({"i": 1}).encode(), time.monotonic() + 20)
-        assert time.monotonic() - start >= 0.5  # the first attempt ran into its deadline
+        assert time.monotonic() - start >= 1.0  # the first attempt ran into its deadline
         link.send([b"x"], time.monotonic() + 10)
         thread.join(20)
         assert seen and seen[0] == {"i": 1} and len(seen[1]) > 0
@@ -758,7 +767,7 @@ def test_send_now_sends_a_small_message_whole_or_nothing_and_never_waits(monkeyp
                     break
                 sent.append(message)
             assert 0 < len(sent) < 2000, len(sent)
-            assert slowest < 0.5, slowest
+            assert slowest < 0.9, slowest  # never waited (a wait for room would have run to its 1 s deadline)
         last = b"last"
         link.send([last], time.monotonic() + 30)  # still usable: an ordinary send follows
         got = [bytes(taken[0].recv(time.monotonic() + 10)[1][0]) for _ in range(len(sent) + 1)]
@@ -780,7 +789,10 @@ def test_a_send_behind_a_stalled_one_gives_up_at_its_deadline_with_nothing_sent(
 
         first = threading.Thread(target=stalled, daemon=True)
         first.start()
-        time.sleep(0.5)
+        end = time.monotonic() + 20
+        while link.last_progress() <= 0:  # its bytes began to move
+            assert time.monotonic() < end, "the first send never began"
+            time.sleep(0.05)
         moved = link.last_progress()
         assert moved > 0 and first.is_alive()
         outcome = []

@@ -115,7 +115,9 @@ def test_status_finds_the_embedded_cluster_of_a_driver_without_ray_address(clust
     assert proc.returncode == 0, proc.stderr[-3000:]
     # nothing of Ray's own logging (e.g. its C++ client refused for a missing auth mode) reaches the terminal
     assert ".cc:" not in proc.stderr and "InvalidAuthToken" not in proc.stderr, proc.stderr[-3000:]
-    assert took < 5, f"status took {took:.1f} s"  # 1.0 s on an idle 2-core machine, most of it importing Ray
+    # found at once, not after waiting out --timeout 30 (1.0 s on an idle 2-core machine, most of it importing
+    # Ray, which a loaded one can make several times slower)
+    assert took < 20, f"status took {took:.1f} s"
     snap = json.loads(proc.stdout)
     assert f"the embedded cluster of pid {os.getpid()}" in snap["address"], snap["address"]
     assert "status_embedded" in {g["name"] for g in snap["groups"]}

@@ -181,7 +181,7 @@ def test_kill_during_recv(launch):
     _assert_released(before, after, "recv")
 
 
-RECV_TIMEOUT = 4
+RECV_TIMEOUT = 10  # far past the error grace (2 s) even if the 8 ranks start the body seconds apart
 
 
 def test_raise_on_one_rank_of_eight_names_that_rank(launch):
@@ -200,7 +200,7 @@ def test_raise_on_one_rank_of_eight_names_that_rank(launch):
         g.run(ship(recording(body))).wait(timeout=60)
     assert info.value.rank == 5 and "rank five failed first" in str(info.value)
     assert "RuntimeError" in (info.value.remote_traceback or "") and info.value.group == "f_eight"
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < 30
     # every rank: rank 5 raised its own error; each survivor's wait ended by its own timeout, naming rank 5
     for rank in range(8):
         kind, message, peer, at = outcome_of(g, rank)
