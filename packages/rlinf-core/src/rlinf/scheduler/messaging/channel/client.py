@@ -413,16 +413,7 @@ class ChannelClient(_Commits):
             if blocking:
                 self._blocking.add(rid)
         ctrl["id"] = rid
-        acks = self._take_acks() if self._acks else None
-        if acks:
-            ctrl["acks"] = acks
-        try:
-            self._send([pack(ctrl), *frames], limit)
-        except BaseException as exc:
-            with self._lock:
-                self._pending.pop(rid, None)
-                self._blocking.discard(rid)
-            self._send_failed(exc, acks, limit)
+        self._send_with_acks(ctrl, frames, limit, lambda: self._forget(rid))
         if not blocking:
             self._nudge()
         return rid, fut
@@ -455,12 +446,18 @@ class ChannelClient(_Commits):
             raise PeerDiedError(self._dead, peer=self.host)
         ctrl["op"] = "push"
         ctrl.pop("timeout", None)
+        self._send_with_acks(ctrl, frames, limit)
+
+    def _send_with_acks(self, ctrl: dict, frames, limit: float, undo=None) -> None:
+        """Send a message with the queued acks riding on it; if it fails, ``undo()``, then raise (``_send_failed``)."""
         acks = self._take_acks() if self._acks else None
         if acks:
             ctrl["acks"] = acks
         try:
             self._send([pack(ctrl), *frames], limit)
         except BaseException as exc:
+            if undo is not None:
+                undo()
             self._send_failed(exc, acks, limit)
 
     def _send_abandoned(self, limit: Optional[float] = None, when_idle: bool = False) -> None:
@@ -542,13 +539,16 @@ class ChannelClient(_Commits):
         A cancel that cannot be sent now (see ``_send_one_way``) is queued
         and sent with the next request or heartbeat tick, never dropped;
         False then."""
-        with self._lock:
-            self._pending.pop(rid, None)
-            self._blocking.discard(rid)
+        self._forget(rid)
         if self._send_one_way({"id": 0, "op": "cancel", "target": rid}, limit, when_idle):
             return True
         self._abandoned.append(rid)
         return False
+
+    def _forget(self, rid: int) -> None:
+        with self._lock:
+            self._pending.pop(rid, None)
+            self._blocking.discard(rid)
 
     def withdraw(self, fut: _Reply, error: Exception) -> bool:
         """Give an asynchronous request up (its caller's wait ran out) unless a reader already claimed it.
