@@ -783,16 +783,26 @@ def test_a_send_behind_a_stalled_one_gives_up_at_its_deadline_with_nothing_sent(
     with _connected_pair(monkeypatch, "tcp") as (link, taken):
         big = bytes(64 << 20)  # the peer reads one ahead (its budget), then the kernel buffers fill
 
+        phase = []
+
         def stalled():
-            for _ in range(2):
+            for i in range(2):
+                phase.append(i)
                 link.send([big], time.monotonic() + 60)
+
+        def second_message_holds_the_link():  # the first went whole into the peer's read-ahead; this one stalls
+            if len(phase) < 2 or not link._wlock.acquire(blocking=False):
+                return len(phase) == 2
+            link._wlock.release()
+            return False
 
         first = threading.Thread(target=stalled, daemon=True)
         first.start()
         end = time.monotonic() + 20
-        while link.last_progress() <= 0:  # its bytes began to move
-            assert time.monotonic() < end, "the first send never began"
+        while not second_message_holds_the_link():
+            assert time.monotonic() < end, "the stalled send never began"
             time.sleep(0.05)
+        time.sleep(0.2)  # its bytes fill the buffers (the link notes their moving)
         moved = link.last_progress()
         assert moved > 0 and first.is_alive()
         outcome = []
