@@ -160,6 +160,20 @@ def test_rlinf_spin_us_sets_how_long_a_waiting_receive_spins(launch, monkeypatch
     assert cpu["0"] < cpu["1000000"] / 3, cpu
 
 
+def _port_lock_files(w):
+    from rlinf.scheduler.worker import lock
+
+    port = w.acquire_free_port()
+    return lock.lock_dir(), f"port-{port}.lock" in os.listdir(lock.lock_dir())
+
+
+def test_rlinf_lock_dir_places_the_workers_node_locks(launch, monkeypatch, tmp_path):
+    monkeypatch.setenv("RLINF_LOCK_DIR", str(tmp_path / "locks"))
+    g = launch(Peer, placement=NodePlacementStrategy([0]))
+    where, held = g.run(__import__("p2p_helpers").ship(_port_lock_files)).wait(timeout=60)[0]
+    assert where == str(tmp_path / "locks") and held
+
+
 def _memfd_mappings():
     with open("/proc/self/maps") as f:
         return sum("memfd:" in line for line in f)

@@ -2,8 +2,9 @@
 
 RLinf keeps these locks in manager actors.  Here each is an ``flock`` on a
 file in a private directory of the node, one per user
-(``$TMPDIR/rlinf-locks-<uid>``, mode 0700, checked as ``base.security.private_dir``
-checks: no other user can make, replace or enter it):
+(``$TMPDIR/rlinf-locks-<uid>``, or ``RLINF_LOCK_DIR``; mode 0700, checked as
+``base.security.private_dir`` checks: no other user can make, replace or enter
+it, and one another user made first is refused with the way out):
 
 * ``device-<id>.lock`` per accelerator, ``<id>`` being the node's own device
   id (what the worker's ``CUDA_VISIBLE_DEVICES`` lists): workers sharing an
@@ -34,13 +35,17 @@ from ..base import config, security
 
 #: the per-user lock directory's name under the temporary directory
 LOCK_DIR_PREFIX = "rlinf-locks-"
+#: the lock directory to use instead (every process of the user on a node must see the same one; a launch
+#: forwards it to its workers as it does every ``RLINF_*`` setting)
+LOCK_DIR_ENV = "RLINF_LOCK_DIR"
 _POLL_FIRST, _POLL_MOST = 0.002, 0.05
 
 
 def lock_dir() -> str:
-    """This user's lock directory on this node (made 0700 on first use; another user's is refused)."""
-    return security.private_dir(os.path.join(tempfile.gettempdir(), f"{LOCK_DIR_PREFIX}{os.geteuid()}"),
-                                hint="set TMPDIR to a directory of your own")
+    """This user's lock directory on this node: ``RLINF_LOCK_DIR``, else ``$TMPDIR/rlinf-locks-<uid>``
+    (made 0700 on first use; one another user made or can replace is refused, naming the way out)."""
+    path = config.getenv(LOCK_DIR_ENV) or os.path.join(tempfile.gettempdir(), f"{LOCK_DIR_PREFIX}{os.geteuid()}")
+    return security.private_dir(path, hint=f"set {LOCK_DIR_ENV} (or TMPDIR) to a directory of your own")
 
 
 def _open(path: str) -> int:
