@@ -28,14 +28,13 @@ def write_new(body, folder: Optional[str], prefix: str, suffix: str, compact: bo
 
 
 def replace(path: str, body, tmp_prefix: str, tmp_suffix: str, compact: bool = False) -> str:
-    """Write ``body`` to ``path`` atomically: a new file beside it (``write_new``), renamed over it."""
-    tmp = write_new(body, os.path.dirname(os.path.abspath(path)), tmp_prefix, tmp_suffix, compact)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
-    return path
+    """Write ``body`` as JSON to ``path`` atomically (``replace_by``)."""
+
+    def fill(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(body, f, separators=(",", ":") if compact else None)
+
+    return replace_by(path, fill, tmp_prefix, tmp_suffix)
 
 
 def replace_by(path: str, fill: Callable[[str], None], tmp_prefix: str, tmp_suffix: str) -> str:
