@@ -1,7 +1,10 @@
 """A generic worker for communication tests: runs functions shipped from the test."""
 
-from rlinf.scheduler import Worker
+import time
+
 import cloudpickle
+
+from rlinf.scheduler import Worker
 
 from rlinf.scheduler.base.serialization import dumps_by_value_where_needed
 
@@ -69,3 +72,13 @@ def ship(fn) -> bytes:
 def run_on(group, rank, fn, *args):
     """Start ``fn(worker, *args)`` on one rank; returns the pending result."""
     return group.execute_on(rank).run(ship(fn), *args)
+
+
+def wait_for(predicate, limit, what, every=0.05):
+    """Return once ``predicate()`` is true; ``AssertionError`` naming ``what`` if it is not within ``limit`` s."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"{what} not within {limit} s")

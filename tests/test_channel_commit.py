@@ -29,7 +29,9 @@ import pytest
 from rlinf.scheduler import Channel, CommTimeoutError
 
 from launcher_marks import survives_worker_death
-from test_channel_trust import _stats, _wait_for
+from test_channel_trust import _stats
+
+from p2p_helpers import wait_for
 
 THREADS, PUTS = 8, 60
 
@@ -91,7 +93,7 @@ class _Producer:
                 self.lines.append(line.rstrip())
 
     def wait_line(self, prefix, limit, count=1):
-        _wait_for(lambda: sum(l.startswith(prefix) for l in list(self.lines)) >= count, limit,
+        wait_for(lambda: sum(l.startswith(prefix) for l in list(self.lines)) >= count, limit,
                   f"{count} x {prefix!r} from the producer ({self.lines[-5:]})")
 
     def finish(self):
@@ -119,7 +121,7 @@ def test_a_put_that_returned_is_delivered_though_its_process_is_killed_at_once(c
     producer.proc.kill()
     lines = producer.finish()
     returned = {tuple(map(int, l.split()[1:])) for l in lines if l.startswith("OK ")}
-    _wait_for(lambda: _stats(name)["clients"] == 1, 20, "the producer's connection released")
+    wait_for(lambda: _stats(name)["clients"] == 1, 20, "the producer's connection released")
     got = []
     while True:
         try:
@@ -142,7 +144,7 @@ def test_an_interrupt_withdraws_a_main_thread_put_whose_reply_another_thread_rea
     ch.put("item-1", timeout=10)
     producer = _Producer(cluster, "interrupt", name)
     producer.wait_line("READY", 30)
-    _wait_for(lambda: _stats(name)["queues"].get("'default_queue'", {}).get("putters") == 1, 20, "the put parked")
+    wait_for(lambda: _stats(name)["queues"].get("'default_queue'", {}).get("putters") == 1, 20, "the put parked")
     assert _stats(name)["queues"].get("'other'", {}).get("getters") == 1  # the reading thread's get
     pid = producer.proc.pid
     os.kill(pid, signal.SIGSTOP)
@@ -153,7 +155,7 @@ def test_an_interrupt_withdraws_a_main_thread_put_whose_reply_another_thread_rea
     finally:
         os.kill(pid, signal.SIGCONT)
     assert producer.finish()[-1] == "INTERRUPTED", producer.lines
-    _wait_for(lambda: _stats(name)["clients"] == 1, 20, "the producer's connection released")
+    wait_for(lambda: _stats(name)["clients"] == 1, 20, "the producer's connection released")
     with pytest.raises(CommTimeoutError):
         ch.get(timeout=1.0)
     assert _stats(name)["items"] == 0

@@ -20,7 +20,8 @@ from rlinf.scheduler import Channel, CommTimeoutError
 from rlinf.scheduler.messaging.channel import client as client_module
 from rlinf.scheduler.messaging.channel import local as local_module
 
-from test_channel_trust import _frames, _get, _put, _traced, _wait_for, host  # noqa: F401 (host: the fixture)
+from test_channel_trust import _frames, _get, _put, _traced, host  # noqa: F401 (host: the fixture)
+from p2p_helpers import wait_for
 
 
 def _line(module, func, text):
@@ -105,7 +106,7 @@ def test_the_main_thread_never_commits_another_threads_blocking_put(host):
             producer.wait_reply(mine, 5)
     except KeyboardInterrupt:
         pass  # the main thread committed another call's put, and the interrupt landed just after
-    _wait_for(lambda: outcome, 8, "the put's settling")  # not left pending for ever
+    wait_for(lambda: outcome, 8, "the put's settling")  # not left pending for ever
     delivered = _get(consumer, "k", 2.0)
     assert (outcome, delivered) == ([None], "item"), "the put failed although delivered, or the reverse"
     assert _get(consumer, "k", 0.3) == ("error", "Timeout")  # delivered once
@@ -139,7 +140,7 @@ def test_an_interrupt_while_withdrawing_a_put_settles_it_and_frees_its_place(hos
 
     with pytest.raises((KeyboardInterrupt, CommTimeoutError)), _traced(tracer):
         work.wait(0.3)
-    _wait_for(raw.done, 5, "the withdrawn put's settling")  # not left unfinished for ever
+    wait_for(raw.done, 5, "the withdrawn put's settling")  # not left unfinished for ever
     assert isinstance(raw.exception(0), CommTimeoutError)
     assert _get(consumer, "k", 2.0) == "x1"
     _put(other, "k", "x3", timeout=3.0)  # the place x2 held on the host is free
@@ -164,7 +165,7 @@ def test_a_claimed_put_behind_slow_callbacks_tells_its_wait_it_succeeded(host, m
         got.add_done_callback(lambda _f: (time.sleep(0.4), ran.append(1)))
     for i in range(12):
         _put(other, f"g{i}", i)
-    _wait_for(lambda: ran, 5, "the first callback")
+    wait_for(lambda: ran, 5, "the first callback")
     raw = _async_put(producer, "p", "item")
     work = _PutWork(raw, "put p", lambda reply: "ok", producer)
     assert work.wait(0.5) == "ok"

@@ -18,20 +18,11 @@ from rlinf.scheduler.messaging.channel.client import ChannelClient, _client_tran
 from rlinf.scheduler.messaging.channel.protocol import pack
 from rlinf.scheduler.plugins import get_registry
 
-from p2p_helpers import Peer, run_on
+from p2p_helpers import Peer, run_on, wait_for
 
 
 def _record(cluster, name):
     return cluster.session.lookup_group("Channel." + name).workers[0]
-
-
-def _wait_for(predicate, limit, what):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not within {limit} s")
 
 
 def test_host_threads_do_not_grow_with_clients(cluster):
@@ -49,7 +40,7 @@ def test_host_threads_do_not_grow_with_clients(cluster):
             _, fut = c.request({"op": "qsize", "key": "k"})
             assert fut.result(30)[0]["value"] == 0  # served
             clients.append(c)
-        _wait_for(lambda: _hosts[name].stats().wait()[0]["clients"] == len(clients) + 1, 20, "clients registered")
+        wait_for(lambda: _hosts[name].stats().wait()[0]["clients"] == len(clients) + 1, 20, "clients registered")
 
     try:
         connect(4)
@@ -57,12 +48,12 @@ def test_host_threads_do_not_grow_with_clients(cluster):
         with_4 = host.num_threads()
         connect(20)
         # the gate's handshake threads are short-lived: the count settles back, it does not stay 20 higher
-        _wait_for(lambda: host.num_threads() <= with_4 + 2, 20, f"host threads back near {with_4}")
+        wait_for(lambda: host.num_threads() <= with_4 + 2, 20, f"host threads back near {with_4}")
         assert _hosts[name].stats().wait()[0]["clients"] == 25
     finally:
         for c in clients:
             c.close(grace=2.0)
-    _wait_for(lambda: _hosts[name].stats().wait()[0]["clients"] == 1, 20, "departed clients forgotten")
+    wait_for(lambda: _hosts[name].stats().wait()[0]["clients"] == 1, 20, "departed clients forgotten")
 
 
 def test_a_consumer_that_does_not_read_stalls_no_other_key(cluster, monkeypatch):
@@ -158,5 +149,5 @@ def test_many_producers_and_consumers_on_several_keys(cluster, launch):
             by_producer[producer].append(seq)
         assert all(seqs == sorted(seqs) for seqs in by_producer.values())  # FIFO per key per producer
     # acknowledgements ride on the next request or follow within 0.2 s
-    _wait_for(lambda: _hosts[name].stats().wait()[0]["in_flight"] == 0, 10, "every item acknowledged")
+    wait_for(lambda: _hosts[name].stats().wait()[0]["in_flight"] == 0, 10, "every item acknowledged")
     assert _hosts[name].stats().wait()[0]["items"] == 0

@@ -21,7 +21,7 @@ from rlinf.scheduler.channel.channel import _hosts
 from rlinf.scheduler.messaging.channel.client import ChannelClient
 
 from launcher_marks import survives_worker_death
-from p2p_helpers import Peer, run_on
+from p2p_helpers import Peer, run_on, wait_for
 
 MiB = 1 << 20
 
@@ -35,15 +35,6 @@ def short_limits(monkeypatch):
 
 def _host_pid(cluster, name):
     return cluster.session.lookup_group("Channel." + name).workers[0].info.pid
-
-
-def _wait_for(predicate, limit, what):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not within {limit} s")
 
 
 def test_consumer_keeping_items_never_blocks_the_host(cluster, launch, short_limits):
@@ -175,12 +166,12 @@ def test_departed_clients_leave_nothing_behind(cluster):
                 and now["maps"] <= base["maps"] + 8 and now["rss"] <= base["rss"] + 16 * MiB)
 
     try:
-        _wait_for(settled, 20, "the host's usage back to baseline")
+        wait_for(settled, 20, "the host's usage back to baseline")
     except AssertionError:
         raise AssertionError(f"baseline {base}, after 200 cycles {_host_usage(pid)}") from None
     print(f"host usage: baseline {base}, after 200 cycles {_host_usage(pid)}")
     # a client's close reaches the host once its reader thread leaves its poll slice (up to 1 s later)
-    _wait_for(lambda: _hosts["churn"].stats().wait()[0]["clients"] <= 1, 20, "departed clients forgotten")
+    wait_for(lambda: _hosts["churn"].stats().wait()[0]["clients"] <= 1, 20, "departed clients forgotten")
     stats = _hosts["churn"].stats().wait()[0]
     assert stats["items"] == 0 and stats["in_flight"] == 0
 
@@ -191,7 +182,7 @@ def test_abandoned_async_get_puts_the_item_back_at_the_head():
     work = ch.get(key="k", async_op=True)
     ch.put("first", key="k")
     ch.put("second", key="k")
-    _wait_for(work.done, 10, "the reply")
+    wait_for(work.done, 10, "the reply")
     del work
     gc.collect()
     assert [ch.get(key="k", timeout=10), ch.get(key="k", timeout=10)] == ["first", "second"]
@@ -230,7 +221,7 @@ def test_dying_consumer_puts_its_item_back(launch):
 def _drain(name):
     """Every item left on ``name``'s default key, once the host has no item in flight and only this
     process connected (a departed consumer's unacknowledged items are back by then)."""
-    _wait_for(lambda: (lambda s: s["clients"] == 1 and s["in_flight"] == 0)(_hosts[name].stats().wait()[0]), 20,
+    wait_for(lambda: (lambda s: s["clients"] == 1 and s["in_flight"] == 0)(_hosts[name].stats().wait()[0]), 20,
               "the departed consumers' connections settled")
     ch, out = Channel.connect(name), []
     while True:
@@ -268,7 +259,7 @@ def test_hung_consumer_is_dropped_and_its_parked_gets_with_it(cluster, launch, s
     time.sleep(0.5)
     os.kill(pid, signal.SIGSTOP)
     try:
-        _wait_for(lambda: _hosts["hung"].stats().wait()[0]["clients"] == 1, 20, "the stopped client dropped")
+        wait_for(lambda: _hosts["hung"].stats().wait()[0]["clients"] == 1, 20, "the stopped client dropped")
         ch.put("x")
         assert ch.get(timeout=10) == "x"  # not handed to the stopped process's parked get
     finally:
@@ -356,7 +347,7 @@ def test_one_reader_at_a_time_hands_over_and_an_idle_client_stays_alive(cluster,
 
     reader = threading.Thread(target=parked_get, name="parked-get")
     reader.start()
-    _wait_for(lambda: sum(q["getters"] for q in _hosts["turns"].stats(detail=True).wait()[0]["queues"].values()) == 1,
+    wait_for(lambda: sum(q["getters"] for q in _hosts["turns"].stats(detail=True).wait()[0]["queues"].values()) == 1,
               20, "the get parked at the host")
     start = time.monotonic()
     ch.put("x", key="b", timeout=20)  # its reply comes while the parked get's thread reads
@@ -486,7 +477,7 @@ def test_a_nowait_put_behind_a_stalled_send_times_out_and_the_connection_lives(c
     os.kill(pid, signal.SIGSTOP)
     try:
         stalled.start()
-        _wait_for(lambda: stalled.ident in client._sending, 3, "the large put's send under way")
+        wait_for(lambda: stalled.ident in client._sending, 3, "the large put's send under way")
         start = time.monotonic()
         with pytest.raises(CommTimeoutError, match="another send"):
             ch.put_nowait(1, key="small")

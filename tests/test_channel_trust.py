@@ -27,20 +27,13 @@ import pytest
 from rlinf.scheduler import Channel, CommTimeoutError
 from rlinf.scheduler.channel.channel import _hosts
 
+from p2p_helpers import wait_for
+
 from launcher_marks import survives_worker_death
 
 
 def _stats(name):
     return _hosts[name].stats(True).wait()[0]
-
-
-def _wait_for(predicate, limit, what):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not within {limit} s")
 
 
 class _Producer:
@@ -61,7 +54,7 @@ class _Producer:
             self.lines.append(line.rstrip())
 
     def wait_line(self, prefix, limit):
-        _wait_for(lambda: any(l.startswith(prefix) for l in self.lines), limit, f"{prefix!r} from the producer ({self.lines})")
+        wait_for(lambda: any(l.startswith(prefix) for l in self.lines), limit, f"{prefix!r} from the producer ({self.lines})")
 
     def finish(self):
         try:
@@ -80,13 +73,13 @@ def _parked(cluster, name, env=None):
     ch.put("item-1", timeout=10)
     producer = _Producer(cluster, name, env)
     producer.wait_line("READY", 30)
-    _wait_for(lambda: _stats(name)["queues"].get("'default_queue'", {}).get("putters") == 1, 20, "the put parked")
+    wait_for(lambda: _stats(name)["queues"].get("'default_queue'", {}).get("putters") == 1, 20, "the put parked")
     return ch, producer
 
 
 def _only_item_1(ch, name):
     """The producer has gone: the host holds item-1 alone, and a consumer gets item-1 and nothing else."""
-    _wait_for(lambda: _stats(name)["clients"] == 1, 20, "the producer's connection released")
+    wait_for(lambda: _stats(name)["clients"] == 1, 20, "the producer's connection released")
     assert _stats(name)["items"] == 1  # never past maxsize
     assert ch.get(timeout=10) == "item-1"
     with pytest.raises(CommTimeoutError):
@@ -123,7 +116,7 @@ def test_items_a_script_took_are_not_delivered_again_however_it_ends(cluster, en
         consumer.proc.send_signal(getattr(signal, end))
     lines = consumer.finish()
     took = [int(x) for x in next(l for l in lines if l.startswith("TOOK")).split()[1:]]
-    _wait_for(lambda: _stats(name)["clients"] == 1 and _stats(name)["in_flight"] == 0, 20, "the consumer's connection settled")
+    wait_for(lambda: _stats(name)["clients"] == 1 and _stats(name)["in_flight"] == 0, 20, "the consumer's connection settled")
     rest = [ch.get(timeout=5) for _ in range(_stats(name)["items"])]
     assert sorted(took + rest) == list(range(5)), (took, rest)
 
@@ -161,7 +154,7 @@ def test_a_put_taken_while_its_producer_could_not_hear_is_not_delivered(cluster)
     finally:
         os.kill(pid, signal.SIGCONT)
     assert producer.finish()[-1] == "INTERRUPTED"
-    _wait_for(lambda: _stats("trust_unheard")["clients"] == 1, 20, "the producer's connection released")
+    wait_for(lambda: _stats("trust_unheard")["clients"] == 1, 20, "the producer's connection released")
     with pytest.raises(CommTimeoutError):
         ch.get(timeout=1.0)
     assert _stats("trust_unheard")["items"] == 0
@@ -347,7 +340,7 @@ def test_an_async_put_committed_before_its_client_was_declared_dead_succeeds(hos
     delivered = _get(consumer, "b", 3.0)
     assert producer._dead is not None  # the stuck callback got the client declared dead
     assert (outcome, delivered) == ("succeeded", "item-B")
-    _wait_for(lambda: "waited" in seen, 6, "the callback's end")
+    wait_for(lambda: "waited" in seen, 6, "the callback's end")
     assert seen["b"] == "succeeded" and seen["waited"] < 3.0, seen
 
 
@@ -481,7 +474,7 @@ def test_a_commit_read_but_not_yet_handled_when_its_tcp_client_is_dropped_is_app
     monkeypatch.setattr(server, "_handle", handle_and_note)
     monkeypatch.setattr(server, "_flush_all", flush_then_drop)
     _put(producer, "k", "item")  # returns once its commit is sent: the caller is told it succeeded
-    _wait_for(lambda: "dropped" in seen, 5, "the drop")
+    wait_for(lambda: "dropped" in seen, 5, "the drop")
     assert seen["commit queued"], "the commit was not waiting in the loop's queue when the client was dropped"
     assert _get(consumer, "k", 2.0) == "item"
 
@@ -541,13 +534,13 @@ def test_a_commit_still_with_the_reader_thread_when_its_tcp_client_is_dropped_is
         if not held:
             held.append(True)
             server._post(server._lost, conn)
-            _wait_for(lambda: not conn.alive, 5, "the drop")
+            wait_for(lambda: not conn.alive, 5, "the drop")
 
     _intercept(server, "producer", on_commit=hold)
     _put(producer, "k", "item")  # returns once its commit is sent: the caller is told it succeeded
-    _wait_for(lambda: held, 5, "the commit reaching the reader thread")
+    wait_for(lambda: held, 5, "the commit reaching the reader thread")
     assert _get(consumer, "k", 2.0) == "item"
-    _wait_for(lambda: not server._ask(lambda: list(server._draining)), 5, "the dropped connection's end")
+    wait_for(lambda: not server._ask(lambda: list(server._draining)), 5, "the dropped connection's end")
     assert server._ask(lambda: sum(q.uncommitted for q in server._queues.values())) == 0
 
 
@@ -638,9 +631,9 @@ def test_a_host_drops_silent_tcp_clients_without_keeping_a_thread_for_each(host,
     hello = json.dumps({"service": "channel", "channel": h.name, "client": "silent"}).encode()
     transport = CpuTransport()
     links = [transport.connect(h.endpoint, hello, time.monotonic() + 10) for _ in range(5)]
-    _wait_for(lambda: readers() == 5, 5, "a reader thread for each connection")
+    wait_for(lambda: readers() == 5, 5, "a reader thread for each connection")
     # heartbeat 0.2 s: each is dropped after 1 s unheard; its reader thread must then end
-    _wait_for(lambda: readers() == 0, 8, "the dropped connections' reader threads ending")
+    wait_for(lambda: readers() == 0, 8, "the dropped connections' reader threads ending")
     assert all(_closed_by_host(link) for link in links)
     transport.close()
 
