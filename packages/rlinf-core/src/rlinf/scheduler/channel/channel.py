@@ -27,8 +27,11 @@ from ..worker import Worker
 from ..worker.worker import provide_channels
 from ..messaging.channel.keys import key_token, replica_of, show_key
 from ..messaging.channel.client import ChannelClient
+from ..messaging.channel.feeding import FEED_WINDOW
 from ..messaging.channel.protocol import REPLY_GRACE, SendTimeout
 from ..messaging.channel.protocol import send_timeout as _send_timeout
+from ..transports import codec
+from ..transports.async_work import AsyncWork
 from .works import _PutWork, _TakeWork
 
 DEFAULT_KEY = "default_queue"
@@ -281,8 +284,14 @@ class Channel:
             _raise_for(ctrl_back, what, client.host)
             return decode(ctrl_back, items) if decode else ctrl_back.get("value")
 
+        if ctrl["op"] == "get" and not async_op:
+            got = _take_fed(client, ctrl, timeout, what)
+            if got is not _NOT_FED:
+                return got
+        elif ctrl["op"] in ("get", "get_batch") and client.has_feed(ctrl["key"]):
+            client.end_feed(ctrl["key"])  # its items go back to the head of the queue before this take
         try:
-            if ctrl["op"] == "put" and client.unbounded and not ctrl.get("nowait") and _small(frames):
+            if ctrl["op"] == "put" and client.unbounded and not client._open_puts and not ctrl.get("nowait") and _small(frames):
                 client.push(ctrl, frames, send_timeout)  # returned: it happened (see ChannelClient.push)
                 return _done(what) if async_op else None
             rid, fut = client.request(ctrl, frames, send_timeout, blocking=not async_op)
@@ -291,8 +300,6 @@ class Channel:
                 raise asyncio.QueueFull(f"{what}: the host is not taking items ({exc})") from None
             raise CommTimeoutError(f"{what}: {exc}", peer=client.host) from None
         if async_op:
-            from ..transports.async_work import AsyncWork
-
             if ctrl["op"] in ("get", "get_batch"):
                 return _TakeWork(fut, what, finish, client, rid)
             if ctrl["op"] == "put":
@@ -336,8 +343,6 @@ class Channel:
             CommTimeoutError: the channel's host did not answer within ``timeout``.
             CommunicationError: the host failed or cannot be reached.
         """
-        from ..transports import codec
-
         header, buffers = codec.encode(item, what=lambda: f"the item put on channel {self._name!r} (key {key!r})", root="item")
         timeout = None if async_op and timeout is None else config.resolve_timeout(timeout)
         ctrl = {"op": "put", "key": _check_key(key), "weight": float(weight), "timeout": timeout}
@@ -359,8 +364,6 @@ class Channel:
             CommTimeoutError: the channel's host did not answer within ``timeout``.
             CommunicationError: the host failed or cannot be reached.
         """
-        from ..transports import codec
-
         header, buffers = codec.encode(item, what=lambda: f"the item put on channel {self._name!r} (key {key!r})", root="item")
         self._call({"op": "put", "key": _check_key(key), "weight": float(weight), "nowait": True}, [header, *buffers],
                    timeout=NOWAIT_SEND, send_timeout=NOWAIT_SEND)
@@ -464,6 +467,35 @@ class Channel:
         return self._call({"op": "full", "key": _check_key(key)}, timeout=config.default_timeout())
 
 
+_NOT_FED = object()
+
+
+def _take_fed(client: ChannelClient, ctrl: dict, timeout: Optional[float], what: str):
+    """A blocking get served from the items its connection was fed ahead (see ``feeding``), or
+    ``_NOT_FED``: the host is asked (for a feed too, unless it is a ``get_nowait``)."""
+    key, nowait = ctrl["key"], ctrl.get("nowait")
+    if client.has_feed(key):
+        wait = 0.0 if nowait else _send_timeout() if timeout is None else timeout
+        try:
+            got = client.take_fed(key, time.monotonic() + wait)
+        except TimeoutError:
+            if not nowait:
+                raise CommTimeoutError(f"{what}: timed out waiting", peer=client.host) from None
+            client.end_feed(key)  # the host answers, once the items on their way here are back
+            return _NOT_FED
+        if got is not None:
+            rid, frames = got
+            try:
+                client.ack(rid)  # before the user has it, as for any get
+            except BaseException:
+                client.give_back(key, rid)
+                raise
+            return codec.decode(frames[0], frames[1:])
+    if not nowait:
+        ctrl["feed"] = FEED_WINDOW
+    return _NOT_FED
+
+
 def _small(frames) -> bool:
     total = 0
     for f in frames:
@@ -473,13 +505,13 @@ def _small(frames) -> bool:
     return True
 
 
+_DONE: concurrent.futures.Future = concurrent.futures.Future()
+_DONE.set_result(None)  # shared: a finished future is never changed (a callback added to it runs at once)
+
+
 def _done(what: str):
     """The ``AsyncWork`` of an asynchronous put already made (a push)."""
-    from ..transports.async_work import AsyncWork
-
-    fut: concurrent.futures.Future = concurrent.futures.Future()
-    fut.set_result(None)
-    return AsyncWork(fut, what)
+    return AsyncWork(_DONE, what)
 
 
 def _raise_for(ctrl: dict, what: str, host: str) -> None:
@@ -507,15 +539,11 @@ def _split(ctrl: dict, frames: list) -> list:
 
 
 def _decode_one(ctrl: dict, frames: list):
-    from ..transports import codec
-
     item = _split(ctrl, frames)[0]
     return codec.decode(item[0], item[1:])
 
 
 def _decode_many(ctrl: dict, frames: list) -> list:
-    from ..transports import codec
-
     return [codec.decode(item[0], item[1:]) for item in _split(ctrl, frames)]
 
 

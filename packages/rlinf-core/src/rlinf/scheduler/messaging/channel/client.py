@@ -58,12 +58,14 @@ import uuid
 from typing import Optional
 
 from ...base.errors import CommunicationError, PeerDiedError
-from ...plugins.transport import Link, LinkBusy
+from ...plugins.transport import Link
 from .commits import BURST, _Commits, _Reply, _settle, _settle_decided
-from .protocol import (DEAD_AFTER_BEATS, REPLY_GRACE, SendTimeout, control, heartbeat_interval, pack,
-                       send_limit, send_timeout)
+from .acking import _Acks
+from .feeding import _Feeds
+from .sending import _Sends
+from .protocol import DEAD_AFTER_BEATS, REPLY_GRACE, control, heartbeat_interval, send_timeout
 
-class ChannelClient(_Commits):
+class ChannelClient(_Sends, _Commits, _Acks, _Feeds):
     def __init__(self, channel: str, host: str, link: Link):
         self.channel = channel
         self.host = host
@@ -73,6 +75,10 @@ class ChannelClient(_Commits):
         self._ids = itertools.count(1)
         #: the host said it has no maxsize (in a put's reply): puts go as one-way pushes (``push``)
         self.unbounded = False
+        #: put requests not yet committed or given up: a later put goes as a request too, not as a push
+        #: that the host would append before them (a producer's puts stay in order)
+        self._open_puts: set = set()
+        self._push_heads: dict = {}  # (key, weight) -> a push's packed control
         self._pending: dict[int, concurrent.futures.Future] = {}
         #: asynchronous puts a reader claimed to commit, until handed over: their commit decides their outcome
         self._claimed: dict[int, _Reply] = {}
@@ -83,8 +89,6 @@ class ChannelClient(_Commits):
         self._last_heard = time.monotonic()
         #: requests given up by garbage collection (finalizers must not take locks): sent by the heartbeat thread
         self._abandoned: collections.deque = collections.deque()
-        #: replies whose items reached the user, not yet acknowledged: ride on the next request, or the next heartbeat tick
-        self._acks: collections.deque = collections.deque()
         #: the thread reading the connection now (a caller reading its own reply, or the background reader)
         self._reader: Optional[int] = None
         self._ping_out = False  # a ping not yet answered: someone must read
@@ -99,6 +103,8 @@ class ChannelClient(_Commits):
         #: land with it held, as the Condition's Python-level ``__exit__`` would
         self._turn_lock = threading.Lock()
         self._turn = threading.Condition(self._turn_lock)
+        self._init_acks()
+        self._init_feeds()
         threading.Thread(target=self._read_replies, name=f"rlinf-channel-{channel}-replies", daemon=True).start()
         threading.Thread(target=self._heartbeat, name=f"rlinf-channel-{channel}-heartbeat", daemon=True).start()
 
@@ -115,14 +121,20 @@ class ChannelClient(_Commits):
             raise CommunicationError(f"the host of channel {channel!r} offers no transport this process can use "
                                      f"(it offers {sorted(record.endpoints)})", peer=host_name)
         transport = _client_transport(entry)
-        hello = json.dumps({"service": "channel", "channel": channel, "client": f"{os.getpid()}-{uuid.uuid4().hex[:6]}"})
+        token = uuid.uuid4().hex  # pairs the ack link (see ``acking``) with this connection
+        hello = {"service": "channel", "channel": channel, "client": f"{os.getpid()}-{token[:6]}", "token": token}
         from ..p2p.communicator import Communicator
 
-        link = Communicator._connect(transport, endpoint, hello.encode(), time.monotonic() + send_timeout())
-        return cls(channel, host_name, link)
+        def dial(hello: dict):
+            return Communicator._connect(transport, endpoint, json.dumps(hello).encode(), time.monotonic() + send_timeout())
+
+        client = cls(channel, host_name, dial(hello))
+        if client._bursts:
+            client._dial_acks = lambda: dial({"service": "channel", "channel": channel, "acks_for": token})
+        return client
 
     # -- reading ------------------------------------------------------------------------
-    def _read_one(self, deadline: float) -> bool:
+    def _read_one(self, deadline: Optional[float]) -> bool:
         """Read a message, and the whole ones already behind it (a burst), and route them (the calling
         thread is the reader).
 
@@ -133,7 +145,8 @@ class ChannelClient(_Commits):
         committed together, with one message, before they are handed over
         (see ``commits``).  False once the connection is lost (every pending
         operation has then failed); ``TimeoutError`` if nothing came by
-        ``deadline`` (the link keeps what it read of a message).  An
+        ``deadline`` (the link keeps what it read of a message); ``deadline``
+        None: only what has arrived whole, without waiting.  An
         interrupt (``KeyboardInterrupt``) during a read gives the connection
         up: a message may have been half read, or read and dropped, so every
         pending operation fails at once instead of waiting for a lost reply
@@ -143,7 +156,13 @@ class ChannelClient(_Commits):
         state = [False, False]  # the batch's commit sent, the batch settled
         try:
             try:
-                _raw, frames = self._link.recv(deadline)
+                if deadline is None:
+                    msg = self._link.recv_nowait() if self._bursts else None
+                    if msg is None:
+                        return True
+                    frames = msg[1]
+                else:
+                    _raw, frames = self._link.recv(deadline)
                 self._route(frames, batch)
                 for _ in range(BURST if self._bursts else 0):
                     msg = self._link.recv_nowait()
@@ -152,6 +171,8 @@ class ChannelClient(_Commits):
                     self._route(msg[1], batch)
                 if batch:
                     self._commit_batch(batch, state)
+                if self._returns:
+                    self._send_returns()
             finally:
                 if batch and not state[1]:  # cut short: the connection is given up below
                     self._settle_batch(batch, state[0])
@@ -176,14 +197,23 @@ class ChannelClient(_Commits):
         self._last_heard = time.monotonic()
         rid = ctrl.get("id", 0)
         if not rid:
-            self._ping_out = False  # a pong
+            if "key" in ctrl:
+                self._route_feed(ctrl, frames[1:])  # items fed ahead, or a recall
+            elif ctrl.get("op") == "acks":
+                self._ack_link_confirmed()
+            else:
+                self._ping_out = False  # a pong
             return
+        if ctrl.get("feed"):
+            self._route_feed(ctrl, ())  # this get's reply grants a feed
         with self._lock:
             fut = self._pending.get(rid)
             if fut is None:
                 return  # a reply to a request given up; the cancel sent for it makes the host put its items back
             blocking = rid in self._blocking
             commit = self._may_commit(fut, blocking, ctrl)
+            if ctrl.get("error"):
+                self._open_puts.discard(rid)  # no commit will come
             if commit:  # first: an interrupt from here on leaves it to _settle_batch (claimed) or _fail_all (pending)
                 batch.append((rid, fut, ctrl, frames[1:], blocking))
             if blocking or commit:
@@ -237,6 +267,7 @@ class ChannelClient(_Commits):
         with self._turn_lock:
             if self._awaited() or self._replies:
                 self._turn.notify_all()  # what this reader leaves unread is the background reader's
+        self._wake_fed()  # a get waiting for a fed item reads now
 
     def _nudge(self) -> None:
         """A request, ping or reply was added: wake the background reader if it may have work (it
@@ -341,6 +372,8 @@ class ChannelClient(_Commits):
                 self._nudge()
             if self._handing_since is not None:
                 self._read_for_a_tick()
+            self._tend_feeds()
+            self._offer_ack_link()
 
     def _read_for_a_tick(self) -> None:
         """Read for one heartbeat tick while a callback runs and no one else reads.
@@ -370,7 +403,11 @@ class ChannelClient(_Commits):
             self._link.close()
         except Exception:
             pass
+        self._close_ack_link()
         self._fail_all(reason)
+        with self._fed_cond:
+            self._feeds.clear()
+            self._fed_cond.notify_all()
         with self._turn_lock:
             self._turn.notify_all()  # the background reader ends
 
@@ -384,154 +421,13 @@ class ChannelClient(_Commits):
             self._dead = self._dead or reason
             pending, self._pending = self._pending, {}
             self._blocking.clear()
+            self._open_puts.clear()
             decided = [self._claimed.pop(rid) for rid in [r for r, f in self._claimed.items() if f.outcome]]
         for fut in decided:
             _settle_decided(fut)
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(PeerDiedError(reason, peer=self.host))
-
-    def request(self, ctrl: dict, frames=(), send_timeout: Optional[float] = None,
-                blocking: bool = False) -> tuple[int, concurrent.futures.Future]:
-        """Send a request; raises ``SendTimeout`` if it could not start within ``send_timeout`` s.
-
-        ``blocking``: the caller goes on to ``wait_reply``, which reads the
-        reply itself if no one reads, so the background reader is not woken
-        for it (it still reads it if it is awake for something else).  The
-        future must then get no callbacks: whichever thread reads sets it."""
-        limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
-        self._send_abandoned(limit)  # before this request, so an item put back keeps its place ahead of it
-        fut = _Reply()
-        fut.owner = threading.get_ident()
-        with self._lock:
-            if self._dead:
-                raise PeerDiedError(self._dead, peer=self.host)
-            rid = fut.rid = next(self._ids)
-            if ctrl.get("op") == "put":
-                fut.put_id = rid
-            self._pending[rid] = fut
-            if blocking:
-                self._blocking.add(rid)
-        ctrl["id"] = rid
-        self._send_with_acks(ctrl, frames, limit, lambda: self._forget(rid))
-        if not blocking:
-            self._nudge()
-        return rid, fut
-
-    def _send_failed(self, exc: BaseException, acks: Optional[list], limit: float) -> None:
-        """Raise for a request whose send failed: ``SendTimeout`` if nothing of it was sent (its ``acks``
-        ride on the next message), else the connection is given up (a message broken midway leaves the
-        stream unusable) and ``PeerDiedError``, or the interrupt, is raised."""
-        if not isinstance(exc, Exception):  # interrupted: part of the message, or all of it, may have gone
-            self.fail(f"{self._connection()} was given up: {type(exc).__name__} interrupted a send on it")
-            raise exc
-        if isinstance(exc, TimeoutError) and self._link.is_open():
-            if acks:
-                self._acks.extendleft(reversed(acks))  # not sent: they ride on the next message
-            if isinstance(exc, LinkBusy):
-                raise SendTimeout(f"another send on the connection held it for {limit:g} s", busy=True) from None
-            raise SendTimeout(f"the transport took no part of the request within {limit:g} s") from None
-        reason = f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}"
-        self.fail(reason)
-        raise PeerDiedError(reason, peer=self.host) from None
-
-    def push(self, ctrl: dict, frames, send_timeout: Optional[float] = None) -> None:
-        """Send a put to a host that always has room (``unbounded``), as a ``push`` it appends as it
-        reads it: no reply, no commit.  Returns once the message was handed whole to the connection, so
-        the put happened (the host applies the whole messages a departed client left); raises as
-        ``request`` does if it was not (``SendTimeout``: nothing was sent)."""
-        limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
-        self._send_abandoned(limit)
-        if self._dead:
-            raise PeerDiedError(self._dead, peer=self.host)
-        ctrl["op"] = "push"
-        ctrl.pop("timeout", None)
-        self._send_with_acks(ctrl, frames, limit)
-
-    def _send_with_acks(self, ctrl: dict, frames, limit: float, undo=None) -> None:
-        """Send a message with the queued acks riding on it; if it fails, ``undo()``, then raise (``_send_failed``)."""
-        acks = self._take_acks() if self._acks else None
-        if acks:
-            ctrl["acks"] = acks
-        try:
-            self._send([pack(ctrl), *frames], limit)
-        except BaseException as exc:
-            if undo is not None:
-                undo()
-            self._send_failed(exc, acks, limit)
-
-    def _send_abandoned(self, limit: Optional[float] = None, when_idle: bool = False) -> None:
-        """Send the cancels of requests given up by garbage collection (or not sent before); stops at
-        the first that cannot go now (it is queued again)."""
-        for _ in range(len(self._abandoned)):
-            try:
-                rid = self._abandoned.popleft()
-            except IndexError:  # another thread took the last one
-                return
-            if not self.cancel(rid, limit, when_idle):
-                return
-
-    def _send(self, frames: list, limit: float) -> None:
-        me = threading.get_ident()
-        self._sending.add(me)
-        try:
-            self._link.send(frames, time.monotonic() + limit)
-        finally:
-            self._sending.discard(me)
-
-    def _send_one_way(self, ctrl: dict, limit: Optional[float] = None, when_idle: bool = False) -> bool:
-        """Send a message that gets no reply; False if nothing of it was sent because another
-        thread's send held the link for ``limit`` s (the send timeout by default), or, with
-        ``when_idle``, because another send was under way."""
-        if self._dead:
-            return True  # nothing to send it on; fail() has failed what waited
-        if when_idle and self._sending:
-            return False
-        try:
-            self._send([pack(ctrl)], self._send_timeout if limit is None else limit)
-            return True
-        except Exception as exc:
-            if isinstance(exc, TimeoutError) and self._link.is_open():
-                return False
-            self.fail(f"cannot reach the host of channel {self.channel!r} ({self.host}): {type(exc).__name__}: {exc}")
-            return True
-
-    def ack(self, rid: int) -> None:
-        """The items of reply ``rid`` are about to reach the user: the host forgets them.
-
-        The acknowledgement is handed to the connection before this returns
-        (with any queued ones), so the items are never delivered again however
-        the process goes on (returns, is stopped, exits, is killed): the host
-        applies the whole messages a departed client left.  Raises
-        ``PeerDiedError`` if it cannot be sent because the connection is lost
-        (the host puts the items back: the caller must not hand them over).
-        If another thread's send holds the link for the send timeout, it is
-        queued and rides on the next message instead.
-        """
-        acks = self._take_acks()
-        acks.append(rid)
-        if self._dead is not None:
-            raise PeerDiedError(self._dead, peer=self.host)
-        try:
-            self._send([pack({"id": 0, "op": "ack", "ids": acks})], self._send_timeout)
-        except BaseException as exc:
-            if isinstance(exc, TimeoutError) and self._link.is_open():
-                self._acks.extendleft(reversed(acks))  # nothing of it was sent: rides on the next message
-                return
-            reason = f"{self._connection()} was lost: {type(exc).__name__}: {exc}"
-            self.fail(reason if isinstance(exc, Exception) else
-                      f"{self._connection()} was given up: {type(exc).__name__} interrupted a send on it")
-            if not isinstance(exc, Exception):
-                raise
-            raise PeerDiedError(self._dead or reason, peer=self.host) from None
-
-    def _take_acks(self) -> list:
-        acks = []
-        while True:
-            try:
-                acks.append(self._acks.popleft())
-            except IndexError:
-                return acks
 
     def cancel(self, rid: int, limit: Optional[float] = None, when_idle: bool = False) -> bool:
         """Give up request ``rid``: the host drops it, or puts back the items it already sent for it.
@@ -549,6 +445,7 @@ class ChannelClient(_Commits):
         with self._lock:
             self._pending.pop(rid, None)
             self._blocking.discard(rid)
+            self._open_puts.discard(rid)
 
     def withdraw(self, fut: _Reply, error: Exception) -> bool:
         """Give an asynchronous request up (its caller's wait ran out) unless a reader already claimed it.
@@ -560,6 +457,7 @@ class ChannelClient(_Commits):
         with self._lock:
             withdrawn = self._pending.pop(fut.rid, None) is not None
             self._blocking.discard(fut.rid)
+            self._open_puts.discard(fut.rid)
             if withdrawn:
                 self._abandoned.append(fut.rid)  # its cancel: sent below, or by the next request or heartbeat tick
         if withdrawn:

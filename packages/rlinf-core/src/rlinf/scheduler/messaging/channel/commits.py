@@ -142,6 +142,12 @@ class _Commits:
         for the send timeout (nothing was sent: the puts are cancelled), and
         re-raises an interrupt after giving the connection up (a message
         broken midway leaves the stream unusable)."""
+        try:
+            self._send_commit(ids)
+        finally:
+            self._open_puts.difference_update(ids)  # committed, or dropped by the host: no longer in the way of a push
+
+    def _send_commit(self, ids: list) -> None:
         if self._dead:
             raise PeerDiedError(self._dead, peer=self.host)
         ctrl = {"id": 0, "op": "commit", "ids": ids}

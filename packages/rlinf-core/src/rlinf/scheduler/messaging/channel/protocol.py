@@ -27,6 +27,18 @@ A consumer's client acknowledges a get's items with an ``ack`` of their own
 before the call returns them, so no way the consumer ends (returning,
 stopped, exiting, killed) has them delivered again.
 
+Feeds (see ``queues`` and ``feeding``): a ``get`` may carry ``feed`` (a
+window); a reply that grants it carries ``feed`` and ``key``, and the host
+then sends ``fed`` messages (``key``, ``ids``: one negative id per item,
+``sizes``) with id 0.  ``recall`` (``key``) ends a feed from the host's side;
+the client answers with ``return`` (``key``, ``ids`` of the items it did not
+hand out, ``end``: the client ended the feed itself), whose items go back to
+the head of the queue in order.  ``more`` (``key``) asks the host to read the
+client's acknowledgements and refill.  A client's *ack link* is a second
+connection whose hello names the first's ``token`` (``acks_for``); once the
+host confirms it (``acks``, id 0) the client's acks go there, each message
+one frame of little-endian int64 ids, read by the host without waiting on it.
+
 Why a put's outcome is what its caller was told:
 
 * *A call that returned happened.*  The client hands a put's commit (or its

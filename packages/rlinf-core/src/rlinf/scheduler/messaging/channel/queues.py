@@ -9,14 +9,26 @@ expiring.  It is a part of ``server.ChannelServer``, which owns the state
 (``_queues``, ``maxsize``, ``_timers``, ``_compact_timers_at``, ``_seq``,
 ``_blocks``) and sends the replies (``_reply``); everything here runs on the
 host's loop.  ``_Conn`` is one client's connection as the queues see it (its
-parked requests, items in flight, uncommitted puts); ``server`` imports this
-module, never the other way round.
+parked requests, items in flight, uncommitted puts, feeds); ``server`` imports
+this module, never the other way round.
+
+Feeds (channels without ``maxsize``): a blocking get may ask for a *feed*
+(``feed``: a window of items).  If its connection is the key's only consumer,
+the host grants it with the get's reply, and from then on sends the key's
+items ahead to that connection (``fed``, each item with an id of its own, up
+to the window unacknowledged), so the client's next gets find their items
+there without a request.  Fed items stay in flight (and count in ``qsize``)
+until acknowledged; a get from another connection *recalls* the feed (the
+client returns the items it has not handed out, which go back to the head of
+the queue, in order) and the key is marked shared, so no feed is granted on
+it again while the host remembers that.
 """
 
 from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import logging
 import select
 import threading
@@ -37,9 +49,11 @@ class _Conn:
     ``scheduled`` flag are shared with the senders under ``lock``.
     """
 
-    def __init__(self, link: Link, name: str):
+    def __init__(self, link: Link, name: str, token: Optional[str] = None):
         self.link = link
         self.name = name
+        self.token = token  # pairs an ack link with this connection
+        self.ack_link: Optional[Link] = None  # the client's acknowledgements, read without waiting (``_drain_acks``)
         self.alive = True
         self.last_heard = time.monotonic()
         self.fd = getattr(link, "poll_fd", lambda: None)()
@@ -50,6 +64,10 @@ class _Conn:
         self.parked: dict[int, _Waiter] = {}
         #: request id -> (key, (frames, weight)): puts answered, not yet committed by the client
         self.uncommitted: dict[int, tuple[str, tuple]] = {}
+        #: key -> this client's feed on it; fed item id (negative) -> the feed that sent it
+        self.feeds: dict[str, _Feed] = {}
+        self.fed_by: dict[int, _Feed] = {}
+        self.fed_ids = itertools.count(-1, -1)
         self.lock = threading.Lock()
         self.outbox: collections.deque = collections.deque()  # (control, frames), in order
         self.scheduled = False  # a sender owns the outbox, or the loop waits for the socket to drain
@@ -78,6 +96,16 @@ class _Waiter:
     weight: float = 0.0
     target: float = 0.0  # for get_batch
     parked: bool = True  # False once served, cancelled, expired or dropped
+    feed: int = 0  # a get asking for a feed of this window
+    nowait: bool = False  # a get_nowait waiting for a recalled feed's items: its expiry says QueueEmpty
+
+
+@dataclass(eq=False)
+class _Feed:
+    conn: _Conn
+    key: str
+    window: int
+    held: int = 0  # items fed and not yet acknowledged or returned
 
 
 @dataclass
@@ -86,6 +114,8 @@ class _Queue:
     getters: collections.deque = field(default_factory=collections.deque)
     putters: collections.deque = field(default_factory=collections.deque)
     uncommitted: int = 0  # items taken from puts whose producers have not committed them yet
+    feed: Optional[_Feed] = None  # the connection fed ahead on this key (its only consumer)
+    fed: int = 0  # items fed ahead and neither acknowledged nor returned (by any connection)
 
 
 #: the deadline heap is compacted when it reaches this size (and then twice what was left)
@@ -93,6 +123,14 @@ _MIN_TIMERS_COMPACT = 1024
 #: seconds a parked ``get_batch`` waits before the host says so, if every item of its key weighs 0 (such
 #: items never add up to its target: they were put without ``weight=``); once per request
 STALL_NOTE_AFTER = 5.0
+
+#: the most items a feed holds unacknowledged, and the bytes beyond which one message feeds no more items
+FEED_WINDOW_MAX = 64
+FEED_BYTES = 1 << 20
+#: keys remembered as shared by several consumers (no feed is granted on them)
+SHARED_KEYS_KEPT = 4096
+#: seconds a get_nowait on a key whose items are fed ahead waits for their recall
+NOWAIT_RECALL = 1.0
 
 log = logging.getLogger("rlinf.channel")
 
@@ -169,11 +207,75 @@ class _KeyQueues:
         w.parked = False
         w.conn.parked.pop(w.rid, None)
 
-    def _send_items(self, w: _Waiter, items: list) -> None:
+    def _send_items(self, w: _Waiter, items: list, granted: bool = False) -> None:
         """A reply carrying ``items`` to ``w``; they stay in flight on its connection until acknowledged."""
         w.conn.inflight[w.rid] = (w.key, items)
         frames = [f for item, _ in items for f in item]
-        self._reply(w.conn, {"id": w.rid, "count": len(items), "sizes": [len(item) for item, _ in items]}, frames)
+        ctrl = {"id": w.rid, "count": len(items), "sizes": [len(item) for item, _ in items]}
+        if granted:
+            ctrl["feed"], ctrl["key"] = True, w.key
+        self._reply(w.conn, ctrl, frames)
+
+    # -- feeds (see the module docstring) ------------------------------------------------
+    def _grant_feed(self, q: _Queue, w: _Waiter) -> bool:
+        """Whether ``w``'s connection is fed ahead on its key from now on (the only consumer there)."""
+        if self.maxsize or w.key in self._shared or q.feed is not None or w.key in w.conn.feeds:
+            return False
+        if any(g.conn is not w.conn for g in q.getters):
+            self._mark_shared(w.key)
+            return False
+        q.feed = w.conn.feeds[w.key] = _Feed(w.conn, w.key, max(1, min(int(w.feed), FEED_WINDOW_MAX)))
+        return True
+
+    def _feed_ahead(self, q: _Queue, f: _Feed) -> None:
+        """Send queued items ahead to ``f``, as many as its window has room for, in one message."""
+        if f.held >= f.window and f.conn.ack_link is not None:
+            self._drain_acks(f.conn, progress=False)  # the acks that make room may be waiting there
+        items, size = [], 0
+        while q.items and f.held + len(items) < f.window and (not items or size < FEED_BYTES):
+            item = q.items.popleft()
+            items.append(item)
+            size += sum(memoryview(frame).nbytes for frame in item[0])
+        if not items:
+            return
+        ids = []
+        for item in items:
+            i = next(f.conn.fed_ids)
+            f.conn.inflight[i] = (f.key, [item])
+            f.conn.fed_by[i] = f
+            ids.append(i)
+        f.held += len(items)
+        q.fed += len(items)
+        self._reply(f.conn, {"id": 0, "op": "fed", "key": f.key, "ids": ids, "sizes": [len(it) for it, _ in items]},
+                    [frame for it, _ in items for frame in it])
+
+    def _unfeed(self, conn: _Conn, rid: int) -> Optional[_Feed]:
+        """A fed item left its connection's flight (acknowledged, returned or put back); its feed."""
+        f = conn.fed_by.pop(rid, None)
+        if f is not None:
+            f.held -= 1
+            self._queues[f.key].fed -= 1
+        return f
+
+    def _recall(self, q: _Queue, key: str) -> None:
+        """End ``key``'s feed: its client returns the items it has not handed out (``return``)."""
+        f, q.feed = q.feed, None
+        if f is not None:
+            f.conn.feeds.pop(key, None)
+            self._reply(f.conn, {"id": 0, "op": "recall", "key": key})
+
+    def _mark_shared(self, key: str) -> None:
+        self._shared[key] = True
+        self._shared.move_to_end(key)
+        if len(self._shared) > SHARED_KEYS_KEPT:
+            self._shared.popitem(last=False)
+
+    def _end_feed(self, conn: _Conn, key: str) -> None:
+        """The client ended its feed on ``key`` itself (idle, or before another kind of take)."""
+        f = conn.feeds.pop(key, None)
+        q = self._queues.get(key)
+        if f is not None and q is not None and q.feed is f:
+            q.feed = None
 
     def _progress(self, key: str) -> None:
         """Serve whatever the state of ``key`` now allows."""
@@ -192,7 +294,8 @@ class _KeyQueues:
                     break
                 if w.op == "get":
                     self._unpark(q.getters, w)
-                    self._send_items(w, [q.items.popleft()])
+                    granted = bool(w.feed) and self._grant_feed(q, w)
+                    self._send_items(w, [q.items.popleft()], granted)
                     progressed = True
                 else:
                     full = bool(self.maxsize) and len(q.items) >= self.maxsize
@@ -201,6 +304,8 @@ class _KeyQueues:
                         self._unpark(q.getters, w)
                         self._send_items(w, batch)
                         progressed = True
+        if q.feed is not None and q.items:
+            self._feed_ahead(q, q.feed)
         self._maybe_forget(key)
 
     @staticmethod
@@ -228,7 +333,8 @@ class _KeyQueues:
 
     def _maybe_forget(self, key: str) -> None:
         q = self._queues.get(key)
-        if q is not None and not q.items and not q.getters and not q.putters and not q.uncommitted:
+        if (q is not None and not q.items and not q.getters and not q.putters and not q.uncommitted
+                and q.feed is None and not q.fed):
             del self._queues[key]
 
     def _cancel(self, conn: _Conn, target: int) -> Optional[str]:
@@ -236,6 +342,7 @@ class _KeyQueues:
         sent for it; the key to progress."""
         entry = conn.inflight.pop(target, None)
         if entry is not None:
+            self._unfeed(conn, target)
             self._requeue(*entry)
             return entry[0]
         if target in conn.uncommitted:  # its caller was told it failed: it did not happen
@@ -282,5 +389,9 @@ class _KeyQueues:
             self._unpark(q.putters if w.op == "put" else q.getters, w)
             if w.op == "put":
                 self._blocks.give_back(w.frames)
-            self._reply(w.conn, {"id": w.rid, "error": "Timeout", "message": self._timed_out(w, q)})
+            if w.nowait:
+                self._reply(w.conn, {"id": w.rid, "error": "QueueEmpty",
+                                     "message": f"channel {self.name!r} key {show_key(w.key)} is empty"})
+            else:
+                self._reply(w.conn, {"id": w.rid, "error": "Timeout", "message": self._timed_out(w, q)})
             self._progress(w.key)  # a put that left may let a get_batch or a later put through

@@ -63,6 +63,7 @@ import itertools
 import queue
 import selectors
 import socket
+import struct
 import threading
 import time
 import traceback
@@ -73,7 +74,8 @@ from ...plugins.transport import Link
 from .blocks import _BlockPool, _own
 from .keys import show_key
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
-from .queues import _MIN_TIMERS_COMPACT, _Conn, _KeyQueues, _Queue, _Waiter
+from .introspection import _Introspection
+from .queues import _MIN_TIMERS_COMPACT, NOWAIT_RECALL, _Conn, _KeyQueues, _Queue, _Waiter
 
 #: sender threads of one channel host (replies to all clients)
 SENDERS_ENV = "RLINF_CHANNEL_SENDERS"
@@ -82,15 +84,20 @@ DEFAULT_SENDERS = 4
 _READ_BURST = 32
 #: seconds between checks for silent and congested connections
 _CHECK_EVERY = 0.25
+#: messages of a client's ack link read at once (a client sends one per item it hands out)
+_ACK_DRAIN = 1 << 16
 #: seconds a dropped connection read by a thread of its own waits for that thread's last messages
 _DRAIN_LIMIT = 5.0
 
 
-class ChannelServer(_KeyQueues):
+class ChannelServer(_KeyQueues, _Introspection):
     def __init__(self, name: str, maxsize: int):
         self.name = name
         self.maxsize = maxsize
         self._queues: dict[str, _Queue] = {}
+        self._shared: collections.OrderedDict = collections.OrderedDict()  # keys seen with several consumers
+        self._tokens: dict = {}  # a connection's token -> the connection (to pair its ack link)
+        self._feed_later: set = set()  # keys pushed to this turn whose feeds are served before the replies go
         self._conns: set = set()
         self._draining: set = set()  # dropped connections whose reader thread has not ended yet
         self._blocks = _BlockPool()
@@ -146,14 +153,45 @@ class ChannelServer(_KeyQueues):
     # -- connections -------------------------------------------------------------
     def on_connect(self, link: Link, info: dict) -> None:
         """Called by the transport (on its handshake thread) for each authenticated client."""
-        conn = _Conn(link, str(info.get("client", "?")))
+        if "acks_for" in info:
+            self._post(self._attach_acks, link, str(info["acks_for"]))
+            return
+        token = info.get("token")
+        conn = _Conn(link, str(info.get("client", "?")), token if isinstance(token, str) else None)
         self._post(self._add, conn)
         if conn.fd is None:
             threading.Thread(target=self._read_thread, args=(conn,), name=f"rlinf-channel-{self.name}-client",
                              daemon=True).start()
 
+    def _attach_acks(self, link: Link, token: str) -> None:
+        """A client's ack link (see ``acking``): read without waiting, and confirmed on its main connection."""
+        conn = self._tokens.get(token)
+        if conn is None or not conn.alive or conn.ack_link is not None or conn.fd is None or link.poll_fd() is None:
+            link.close()
+            return
+        conn.ack_link = link
+        self._reply(conn, {"id": 0, "op": "acks"})
+
+    def _drain_acks(self, conn: _Conn, progress: bool = True) -> None:
+        """Apply the acknowledgements waiting on ``conn``'s ack link (all of them: it is never waited on)."""
+        link, ids = conn.ack_link, []
+        for _ in range(_ACK_DRAIN if link is not None else 0):  # bounded: a client that floods it waits its turn
+            try:
+                msg = link.recv_nowait()
+                if msg is None:
+                    break
+                ids.extend(struct.unpack(f"<{len(msg[1][0]) // 8}q", msg[1][0]))  # item ids, int64 each
+            except Exception:  # closed (the client went: everything it sent has been read) or garbled
+                conn.ack_link = None
+                link.close()
+                break
+        if ids:
+            self._acked(conn, ids, progress)
+
     def _add(self, conn: _Conn) -> None:
         self._conns.add(conn)
+        if conn.token is not None:
+            self._tokens[conn.token] = conn
         if conn.fd is not None:
             try:
                 self._selector.register(conn.fd, selectors.EVENT_READ, conn)
@@ -210,6 +248,11 @@ class ChannelServer(_KeyQueues):
         if conn not in self._conns:
             return
         self._read_commits(conn)
+        self._drain_acks(conn, progress=False)
+        if conn.ack_link is not None:
+            conn.ack_link.close()
+            conn.ack_link = None
+        self._tokens.pop(conn.token, None)
         self._conns.discard(conn)
         self._again.discard(conn)
         conn.alive = False
@@ -238,6 +281,8 @@ class ChannelServer(_KeyQueues):
                 q.getters.remove(w)
             touched.add(w.key)
         conn.parked.clear()
+        for key in list(conn.feeds):
+            self._end_feed(conn, key)
         if conn.fd is not None or read_all:
             self._settle_lost(conn, touched)
             return
@@ -258,9 +303,12 @@ class ChannelServer(_KeyQueues):
         for key in touched:
             self._progress(key)
 
-    def _requeue_sent(self, conn: _Conn, rids: list, touched: set) -> None:
-        for rid in sorted(rids, reverse=True):  # newest first: the oldest ends up at the head
+    def _requeue_sent(self, conn: _Conn, rids, touched: set) -> None:
+        """Put the items of these replies (or fed items) back, each at the head of its queue, in the order they left."""
+        order = {rid: n for n, rid in enumerate(conn.inflight)}
+        for rid in sorted((r for r in rids if r in order), key=order.__getitem__, reverse=True):  # newest first
             key, items = conn.inflight.pop(rid)
+            self._unfeed(conn, rid)
             self._requeue(key, items)
             touched.add(key)
 
@@ -294,15 +342,24 @@ class ChannelServer(_KeyQueues):
     def _push(self, ctrl: dict, item: list) -> None:
         """Append a pushed put (one-way, only to a host without maxsize: it always has room) and serve its key."""
         key = str(ctrl.get("key", "default_queue"))
-        self._queues.setdefault(key, _Queue()).items.append((_own(item, self._blocks), float(ctrl.get("weight", 0))))
-        self._progress(key)
+        q = self._queues.setdefault(key, _Queue())
+        q.items.append((_own(item, self._blocks), float(ctrl.get("weight", 0))))
+        if q.feed is not None and not q.getters:
+            self._feed_later.add(key)  # fed at the end of this turn: the pushes read with it go in the same message
+        else:
+            self._progress(key)
 
-    def _acked(self, conn: _Conn, ids) -> None:
+    def _acked(self, conn: _Conn, ids, progress: bool = True) -> None:
+        room = None
         for i in ids:
             entry = conn.inflight.pop(i, None)
             if entry is not None:
                 for frames, _ in entry[1]:
                     self._blocks.give_back(frames)
+                if i < 0:
+                    room = self._unfeed(conn, i) or room
+        if progress and room is not None and room.conn.feeds.get(room.key) is room:  # its window has room again
+            self._progress(room.key)
 
     # -- the loop ----------------------------------------------------------------------
     def _loop(self) -> None:
@@ -333,6 +390,8 @@ class ChannelServer(_KeyQueues):
                 if now >= next_check:
                     next_check = now + _CHECK_EVERY
                     self._check_connections(now)
+                while self._feed_later:
+                    self._progress(self._feed_later.pop())
                 self._flush_all()
             except Exception:  # a bug must not end the loop (every client would hang): report it, go on
                 traceback.print_exc()
@@ -349,6 +408,8 @@ class ChannelServer(_KeyQueues):
             if now > conn.draining:  # its reader thread did not end (a link whose close does not end a receive)
                 self._settle_lost(conn)
         for conn in list(self._conns):
+            if conn.ack_link is not None:
+                self._drain_acks(conn)  # frees what was acknowledged; refills a feed that made room
             silent = now - conn.last_heard
             # bytes of a long message moving count as heard, sampled from a beat of silence on (see last_progress)
             moved = conn.last_progress() if silent > self._beat else now
@@ -449,6 +510,8 @@ class ChannelServer(_KeyQueues):
             return
         conn.last_heard = time.monotonic()
         self._messages += 1
+        if conn.ack_link is not None:
+            self._drain_acks(conn)  # acknowledged before this message was sent
         ctrl: dict = {}
         try:
             ctrl = control(frames[0])
@@ -475,11 +538,23 @@ class ChannelServer(_KeyQueues):
         if op == "bye":  # the client closes once answered: everything it sent before has been handled
             return self._reply(conn, {"id": rid})
         key = str(ctrl.get("key", "default_queue"))
+        if op == "return":  # fed items the client did not hand out (recalled, or its feed ended), in order
+            if ctrl.get("end"):
+                self._end_feed(conn, key)
+            touched = {key}
+            self._requeue_sent(conn, [i for i in ctrl.get("ids", ()) if i < 0], touched)
+            for k in touched:
+                self._progress(k)
+            return
         timeout = ctrl.get("timeout")
         deadline = None if timeout is None else time.monotonic() + float(timeout)
         q = self._queues.get(key)
-        if op == "qsize":
-            return self._reply(conn, {"id": rid, "value": len(q.items) if q else 0})
+        if op == "more":  # the client acknowledged quietly and waits: its acks were read above
+            return self._progress(key)
+        if op == "qsize":  # fed items not yet handed out are still queued
+            if q is not None and q.feed is not None:
+                self._drain_acks(q.feed.conn, progress=False)
+            return self._reply(conn, {"id": rid, "value": len(q.items) + q.fed if q else 0})
         if op == "full":
             return self._reply(conn, {"id": rid, "value": q is not None and not self._has_room(q)})
         if op == "cancel":
@@ -501,65 +576,24 @@ class ChannelServer(_KeyQueues):
                 self._park(q.putters, _Waiter(conn, rid, op, key, deadline, item, weight))
         elif op in ("get", "get_batch"):
             q = q or self._queues.setdefault(key, _Queue())
+            if q.feed is not None and (q.feed.conn is not conn or not ctrl.get("feed")):
+                if q.feed.conn is not conn:
+                    self._mark_shared(key)
+                self._recall(q, key)  # its items come back to the head of the queue, in order
             target = float(ctrl.get("target", 0))
             if op == "get_batch" and q.items and q.items[0][1] > target and not q.getters:
                 self._reply(conn, {"id": rid, "error": "ValueError", "message":
                                    f"the next item on key {show_key(key)} weighs {q.items[0][1]}, more than target_weight {target}"})
                 return self._maybe_forget(key)
-            if ctrl.get("nowait") and not q.items:
+            nowait = bool(ctrl.get("nowait"))
+            if nowait and not q.items:
+                if q.fed:  # items fed ahead, recalled above or being returned: wait for them a little
+                    self._park(q.getters, _Waiter(conn, rid, op, key, time.monotonic() + NOWAIT_RECALL, nowait=True))
+                    return
                 self._reply(conn, {"id": rid, "error": "QueueEmpty", "message": f"channel {self.name!r} key {show_key(key)} is empty"})
                 return self._maybe_forget(key)
-            self._park(q.getters, _Waiter(conn, rid, op, key, deadline, target=target))
+            feed = int(ctrl.get("feed", 0)) if op == "get" and not nowait else 0
+            self._park(q.getters, _Waiter(conn, rid, op, key, deadline, target=target, feed=feed))
         else:
             raise ValueError(f"unknown channel operation {op!r}")
         self._progress(key)
-
-    # -- introspection -------------------------------------------------------------------
-    def snapshot(self, detail: bool = False) -> dict:
-        """The host's state, read on the loop: totals, and with ``detail`` every key's queue.
-
-        ``keys``/``items``/``clients``/``in_flight`` count keys with state, queued
-        items, connected clients and replies not yet acknowledged; ``messages``
-        counts the messages handled since the host started; ``queues``
-        maps each key (as ``show_key`` writes it) to its ``items``, parked
-        ``getters`` and parked ``putters``, and ``uncommitted`` puts (taken, not
-        yet committed by their producers: they hold places, unseen).  Call it on the loop (``stats``
-        does); a request handler may call it directly.
-        """
-        out = {"keys": len(self._queues), "items": sum(len(q.items) for q in self._queues.values()),
-               "clients": len(self._conns), "in_flight": sum(len(c.inflight) for c in self._conns | self._draining),
-               "messages": self._messages}
-        if detail:
-            out["queues"] = {show_key(k): {"items": len(q.items), "getters": len(q.getters), "putters": len(q.putters),
-                                           "uncommitted": q.uncommitted}
-                             for k, q in self._queues.items()}
-        return out
-
-    def stats(self, detail: bool = False) -> dict:
-        """``snapshot`` from any thread, once the loop has served every whole message already waiting.
-
-        So the numbers reflect whatever clients handed to the connections the
-        loop reads before asking: a put that returned there has been committed."""
-        return self._ask(lambda: self._caught_up(lambda: self.snapshot(detail)))
-
-    def _caught_up(self, fn: Callable):
-        """``fn()`` once every connection's whole waiting messages are served (loop only; bounded)."""
-        for conn in list(self._conns):
-            for _ in range(1000):  # bursts of _READ_BURST: far more than clients send while this runs
-                if not conn.alive or conn.fd is None:
-                    break
-                self._read(conn)
-                if conn not in self._again:
-                    break
-        return fn()
-
-    def describe(self, max_keys: int = 200, timeout: float = 2.0) -> dict:
-        """Read-only, for ``python -m rlinf.scheduler status``: per key its queued items, parked gets and puts.
-
-        Read on the loop (bounded by ``timeout``), like ``stats``.
-        """
-        snap = self._ask(lambda: self._caught_up(lambda: self.snapshot(True)), timeout=timeout)
-        keys = [{"key": k, **v} for k, v in snap["queues"].items()]
-        keys.sort(key=lambda k: (-k["items"] - k["getters"] - k["putters"], k["key"]))
-        return {"name": self.name, "maxsize": self.maxsize, "clients": snap["clients"], "in_flight": snap["in_flight"],
-                "num_keys": len(keys), "keys": keys[:max_keys]}

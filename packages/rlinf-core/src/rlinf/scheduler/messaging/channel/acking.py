@@ -1,0 +1,111 @@
+"""How a channel client acknowledges the items it hands to its user (a part of ``client.ChannelClient``).
+
+An acknowledgement is handed to a connection before the item reaches the
+user, so no way the process ends (returning, stopped, exiting, killed) has
+the item delivered again: the host applies every whole message a departed
+client left before it puts that client's items back.
+
+Once the connection is fed ahead (see ``feeding``), acknowledgements go on a
+second connection to the host, the *ack link*, which the host does not wait
+on: it reads it before anything else it does for the client (each message on
+the main connection, a feed whose window looks full, a ``qsize``), on every
+check of its connections, and to the end when the client goes.  An ack then
+wakes no one, which on the main connection had cost a wake-up of the host
+per item taken.  A client that acknowledged quietly and then waits for a fed
+item says ``more`` on the main connection, so the host reads the
+acknowledgements and refills the feed.  The ack link is opened by the
+heartbeat thread (never on a caller's path) and used once the host confirms
+it; until then acknowledgements go on the main connection.
+"""
+
+from __future__ import annotations
+
+import collections
+import struct
+import time
+from typing import Callable, Optional
+
+from ...base.errors import PeerDiedError
+from .protocol import pack
+
+
+class _Acks:
+    """The acknowledging side of ``ChannelClient`` (uses its links, send timeout and failure handling)."""
+
+    def _init_acks(self) -> None:
+        #: replies whose items reached the user, not yet acknowledged: ride on the next request, or the next heartbeat tick
+        self._acks: collections.deque = collections.deque()
+        self._ack_link = None  # the ack link, once the host confirmed it
+        self._ack_offered = None  # the ack link opened, awaiting the host's confirmation
+        #: opens an ack link to the host (set by ``connect``; None: this connection has none)
+        self._dial_acks: Optional[Callable] = None
+        self._acked_quietly = False  # an ack went on the ack link since the last message on the main one
+
+    def ack(self, rid: int) -> None:
+        """The items of reply (or fed item) ``rid`` are about to reach the user: the host forgets them.
+
+        The acknowledgement is handed to a connection before this returns
+        (with any queued ones).  Raises ``PeerDiedError`` if it cannot be
+        sent because the connection is lost (the host puts the items back:
+        the caller must not hand them over).  If another thread's send holds
+        the main connection for the send timeout, it is queued and rides on
+        the next message instead.
+        """
+        acks = self._take_acks()
+        acks.append(rid)
+        if self._dead is not None:
+            raise PeerDiedError(self._dead, peer=self.host)
+        quiet = self._ack_link
+        try:
+            if quiet is not None:
+                quiet.send([struct.pack(f"<{len(acks)}q", *acks)], time.monotonic() + self._send_timeout)
+                self._acked_quietly = True
+            else:
+                self._send([pack({"id": 0, "op": "ack", "ids": acks})], self._send_timeout)
+        except BaseException as exc:
+            if quiet is None and isinstance(exc, TimeoutError) and self._link.is_open():
+                self._acks.extendleft(reversed(acks))  # nothing of it was sent: rides on the next message
+                return
+            reason = f"{self._connection()} was lost: {type(exc).__name__}: {exc}"
+            self.fail(reason if isinstance(exc, Exception) else
+                      f"{self._connection()} was given up: {type(exc).__name__} interrupted a send on it")
+            if not isinstance(exc, Exception):
+                raise
+            raise PeerDiedError(self._dead or reason, peer=self.host) from None
+
+    def _take_acks(self) -> list:
+        acks = []
+        while True:
+            try:
+                acks.append(self._acks.popleft())
+            except IndexError:
+                return acks
+
+    def _offer_ack_link(self) -> None:
+        """Heartbeat thread: open the ack link once the connection is fed ahead (the host confirms it)."""
+        if self._dial_acks is None or self._ack_offered is not None or not self._feeds:
+            return
+        dial, self._dial_acks = self._dial_acks, None  # one try per connection
+        try:
+            self._ack_offered = dial()
+        except Exception:
+            pass  # acknowledgements keep going on the main connection
+
+    def _ack_link_confirmed(self) -> None:
+        """The host reads the ack link from now on (routed from the main connection)."""
+        if self._ack_offered is not None and self._dead is None:
+            self._ack_link = self._ack_offered
+
+    def _close_ack_link(self) -> None:
+        link, self._ack_link = self._ack_offered, None
+        if link is not None:
+            try:
+                link.close()
+            except Exception:
+                pass
+
+    def _say_more(self, key: str) -> None:
+        """Before waiting for a fed item: if the host has not heard from us since our last quiet ack, it
+        may hold the feed back with a window it thinks full; ``more`` makes it read the acks and refill."""
+        if self._acked_quietly:
+            self._send_one_way({"id": 0, "op": "more", "key": key})

@@ -1,0 +1,157 @@
+"""Feeds on the client side: items a host sends ahead for blocking gets (a part of ``client.ChannelClient``).
+
+A blocking get on a channel without ``maxsize`` asks for a feed; the host
+grants it when this connection is the key's only consumer (see ``queues``),
+and then sends the key's items ahead as they come.  They wait here, in a
+buffer per key, until a get takes one: the get then costs no request and no
+round trip, only the acknowledgement that is sent before it returns (so an
+item is delivered once, whatever happens to the process).
+
+The buffer is filled by whichever thread reads the connection: a waiting get
+reads itself when no one else does (no hand-over between threads).  Items
+the user has not taken go back to the host, which puts them at the head of
+their queue in order, when the host recalls the feed (another consumer came),
+when the feed has been idle for ``FEED_IDLE`` seconds, before any other kind
+of take on the key (an asynchronous get, ``get_batch``, ``get_nowait`` that
+finds nothing here), and when the connection ends (the host puts back what
+was in flight).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Optional
+
+from ...base.errors import PeerDiedError
+
+#: the most items a feed holds ahead (the host may hold it to fewer, and to about 1 MiB per message)
+FEED_WINDOW = 32
+#: seconds without a get after which a feed is ended and its items go back
+FEED_IDLE = 5.0
+
+
+class _Feed:
+    __slots__ = ("buffer", "used")
+
+    def __init__(self):
+        self.buffer: collections.deque = collections.deque()  # (item id, frames), oldest first
+        self.used = time.monotonic()
+
+
+class _Feeds:
+    """The feed side of ``ChannelClient`` (uses its link, reader turn and failure handling)."""
+
+    def _init_feeds(self) -> None:
+        self._feeds: dict[str, _Feed] = {}
+        self._fed_cond = threading.Condition(threading.Lock())
+        self._fed_waiting = 0
+        self._returns: list = []  # (key, ids, end) to send once the read burst is routed
+
+    def _route_feed(self, ctrl: dict, frames) -> None:
+        """A message about a feed: items fed ahead, a recall, or a get's reply that grants a feed."""
+        key, op = ctrl["key"], ctrl.get("op")
+        with self._fed_cond:
+            feed = self._feeds.get(key)
+            if op == "fed":
+                if feed is None:  # it ended here while these were on their way: they go back
+                    self._returns.append((key, list(ctrl["ids"]), False))
+                    return
+                pos = 0
+                for rid, n in zip(ctrl["ids"], ctrl["sizes"]):
+                    feed.buffer.append((rid, frames[pos:pos + n]))
+                    pos += n
+            elif op == "recall":
+                if feed is None:
+                    return
+                del self._feeds[key]
+                if feed.buffer:
+                    self._returns.append((key, [rid for rid, _ in feed.buffer], False))
+            elif feed is None:
+                self._feeds[key] = _Feed()
+            if self._fed_waiting:
+                self._fed_cond.notify_all()
+
+    def _send_returns(self) -> None:
+        returns, self._returns = self._returns, []
+        for key, ids, end in returns:
+            self._send_one_way({"id": 0, "op": "return", "key": key, "ids": ids, "end": end})
+
+    def has_feed(self, key: str) -> bool:
+        return key in self._feeds
+
+    def take_fed(self, key: str, deadline: float) -> Optional[tuple]:
+        """The oldest item fed ahead on ``key``: ``(item id, frames)``, waiting until ``deadline``.
+
+        None if this connection has no feed on ``key`` (the caller asks the
+        host); ``TimeoutError`` if none came by ``deadline``;
+        ``PeerDiedError`` if the connection is lost.  The caller acknowledges
+        the item (``ack``) before handing it to its user."""
+        while True:
+            got = None
+            with self._fed_cond:
+                if self._dead is not None:
+                    raise PeerDiedError(self._dead, peer=self.host)
+                feed = self._feeds.get(key)
+                if feed is None:
+                    return None
+                feed.used = time.monotonic()
+                if feed.buffer:
+                    got = feed.buffer.popleft()
+                    low = len(feed.buffer) == FEED_WINDOW // 2
+            if got is not None:
+                if low:  # half taken: the host refills it while the other half is taken
+                    self._say_more(key)
+                return got
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no item came on key {key!r}")
+            if self._claim():
+                try:
+                    self._say_more(key)
+                    self._read_one(time.monotonic() + min(left, 1.0))  # False: lost (seen above)
+                except TimeoutError:
+                    pass
+                finally:
+                    self._release()
+                continue
+            with self._fed_cond:  # another thread reads: it wakes us when it routes an item or stops reading
+                if self._feeds.get(key) is feed and not feed.buffer and self._dead is None:
+                    self._fed_waiting += 1
+                    try:
+                        self._fed_cond.wait(min(left, 0.5))
+                    finally:
+                        self._fed_waiting -= 1
+
+    def end_feed(self, key: str) -> None:
+        """End this connection's feed on ``key`` (before another kind of take there): its items go back first."""
+        with self._fed_cond:
+            feed = self._feeds.pop(key, None)
+        if feed is not None and self._dead is None:
+            self._send_one_way({"id": 0, "op": "return", "key": key, "ids": [rid for rid, _ in feed.buffer],
+                                "end": True})
+
+    def give_back(self, key: str, rid: int) -> None:
+        """Return one fed item taken from the buffer and not handed out (its take was interrupted)."""
+        if self._dead is None:
+            self._send_one_way({"id": 0, "op": "return", "key": key, "ids": [rid], "end": False})
+
+    def _wake_fed(self) -> None:
+        if self._fed_waiting:
+            with self._fed_cond:
+                self._fed_cond.notify_all()
+
+    def _tend_feeds(self) -> None:
+        """Heartbeat tick: end idle feeds, and read what came (a recall) if no one reads."""
+        now = time.monotonic()
+        with self._fed_cond:  # (not while another send holds the link: this thread must not wait behind it)
+            idle = [k for k, f in self._feeds.items() if now - f.used > FEED_IDLE and not self._fed_waiting
+                    and not self._sending]
+        for key in idle:
+            self.end_feed(key)
+        if self._feeds and self._reader is None and self._claim():
+            try:
+                self._read_one(None)
+            finally:
+                self._release()
