@@ -175,3 +175,28 @@ def test_a_stream_through_a_feed_is_delivered_once_in_order(consumer):
         ch.put(i, async_op=True)
     assert got.wait() == [list(range(n))]
     assert ch.qsize() == 0 and _stats("feed_stream")["in_flight"] == 0
+
+
+def test_acks_on_the_ack_link_count_when_the_consumer_dies(launch):
+    """Once fed, a consumer acknowledges on its second link; the host reads that link to its end before it puts
+    a departed consumer's items back: the items its gets returned are not delivered again, the rest are."""
+    ch = Channel.create("feed_ack_link")
+    victim = launch(Peer, placement=NodePlacementStrategy([0]))
+    for i in range(20):
+        ch.put(i)
+
+    def take_ten_then_die(w, ch):
+        from rlinf.scheduler.channel.channel import _clients
+
+        got = [ch.get()]
+        client = _clients[(ch.name, 0)]
+        end = time.monotonic() + 10
+        while client._ack_link is None and time.monotonic() < end:  # opened by the heartbeat thread
+            time.sleep(0.01)
+        got = [*got, *(ch.get() for _ in range(9))]
+        os._exit(3 if client._ack_link is not None and got == list(range(10)) else 4)
+
+    with pytest.raises(Exception, match="code 3"):  # the ten taken through the ack link
+        run_on(victim, 0, take_ten_then_die, ch).wait()
+    assert [ch.get(timeout=15) for _ in range(10)] == list(range(10, 20))
+    assert ch.qsize() == 0

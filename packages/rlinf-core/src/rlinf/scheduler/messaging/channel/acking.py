@@ -37,6 +37,7 @@ class _Acks:
         self._acks: collections.deque = collections.deque()
         self._ack_link = None  # the ack link, once the host confirmed it
         self._ack_offered = None  # the ack link opened, awaiting the host's confirmation
+        self._ack_confirmed = False  # the host confirmed it (which may be read before the dial returns)
         #: opens an ack link to the host (set by ``connect``; None: this connection has none)
         self._dial_acks: Optional[Callable] = None
         self._acked_quietly = False  # an ack went on the ack link since the last message on the main one
@@ -87,14 +88,20 @@ class _Acks:
             return
         dial, self._dial_acks = self._dial_acks, None  # one try per connection
         try:
-            self._ack_offered = dial()
+            link = dial()
         except Exception:
-            pass  # acknowledgements keep going on the main connection
+            return  # acknowledgements keep going on the main connection
+        with self._lock:
+            self._ack_offered, ready = link, self._ack_confirmed
+        if ready and self._dead is None:
+            self._ack_link = link
 
     def _ack_link_confirmed(self) -> None:
         """The host reads the ack link from now on (routed from the main connection)."""
-        if self._ack_offered is not None and self._dead is None:
-            self._ack_link = self._ack_offered
+        with self._lock:
+            self._ack_confirmed, link = True, self._ack_offered
+        if link is not None and self._dead is None:
+            self._ack_link = link
 
     def _close_ack_link(self) -> None:
         link, self._ack_link = self._ack_offered, None
