@@ -54,6 +54,8 @@ class _Conn:
         self.name = name
         self.token = token  # pairs an ack link with this connection
         self.ack_link: Optional[Link] = None  # the client's acknowledgements, read without waiting (``_drain_acks``)
+        self.ack_poll = None  # whether bytes came on it (``select.poll``)
+        self.ack_left = False  # a drain stopped with whole messages still read ahead
         self.alive = True
         self.last_heard = time.monotonic()
         self.fd = getattr(link, "poll_fd", lambda: None)()

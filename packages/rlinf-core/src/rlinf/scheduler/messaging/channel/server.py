@@ -61,6 +61,7 @@ from __future__ import annotations
 import collections
 import itertools
 import queue
+import select
 import selectors
 import socket
 import struct
@@ -97,6 +98,7 @@ class ChannelServer(_KeyQueues, _Introspection):
         self._queues: dict[str, _Queue] = {}
         self._shared: collections.OrderedDict = collections.OrderedDict()  # keys seen with several consumers
         self._tokens: dict = {}  # a connection's token -> the connection (to pair its ack link)
+        self._pushes: dict = {}  # a push's control bytes -> the control they read as
         self._feed_later: set = set()  # keys pushed to this turn whose feeds are served before the replies go
         self._conns: set = set()
         self._draining: set = set()  # dropped connections whose reader thread has not ended yet
@@ -169,16 +171,21 @@ class ChannelServer(_KeyQueues, _Introspection):
         if conn is None or not conn.alive or conn.ack_link is not None or conn.fd is None or link.poll_fd() is None:
             link.close()
             return
-        conn.ack_link = link
+        conn.ack_link, conn.ack_poll = link, select.poll()
+        conn.ack_poll.register(link.poll_fd(), select.POLLIN)
         self._reply(conn, {"id": 0, "op": "acks"})
 
     def _drain_acks(self, conn: _Conn, progress: bool = True) -> None:
         """Apply the acknowledgements waiting on ``conn``'s ack link (all of them: it is never waited on)."""
         link, ids = conn.ack_link, []
-        for _ in range(_ACK_DRAIN if link is not None else 0):  # bounded: a client that floods it waits its turn
+        if link is None or not (conn.ack_left or conn.ack_poll.poll(0)):
+            return  # nothing came since the last read (a whole message left read ahead is not: ack_left)
+        conn.ack_left = True
+        for _ in range(_ACK_DRAIN):  # bounded: a client that floods it waits its turn
             try:
                 msg = link.recv_nowait()
                 if msg is None:
+                    conn.ack_left = False
                     break
                 ids.extend(struct.unpack(f"<{len(msg[1][0]) // 8}q", msg[1][0]))  # item ids, int64 each
             except Exception:  # closed (the client went: everything it sent has been read) or garbled
@@ -342,7 +349,7 @@ class ChannelServer(_KeyQueues, _Introspection):
     def _push(self, ctrl: dict, item: list) -> None:
         """Append a pushed put (one-way, only to a host without maxsize: it always has room) and serve its key."""
         key = str(ctrl.get("key", "default_queue"))
-        q = self._queues.setdefault(key, _Queue())
+        q = self._queues.get(key) or self._queues.setdefault(key, _Queue())
         q.items.append((_own(item, self._blocks), float(ctrl.get("weight", 0))))
         if q.feed is not None and not q.getters:
             self._feed_later.add(key)  # fed at the end of this turn: the pushes read with it go in the same message
@@ -514,7 +521,12 @@ class ChannelServer(_KeyQueues, _Introspection):
             self._drain_acks(conn)  # acknowledged before this message was sent
         ctrl: dict = {}
         try:
-            ctrl = control(frames[0])
+            head = bytes(frames[0])
+            ctrl = self._pushes.get(head) or control(head)
+            if ctrl.get("op") == "push" and len(ctrl) == 3 and head not in self._pushes:  # a client's pushes on
+                if len(self._pushes) >= 1024:                                              # a key repeat their control
+                    self._pushes.clear()
+                self._pushes[head] = ctrl  # read only, never changed
             self._handle(conn, ctrl, frames[1:])
         except Exception as exc:
             self._reply(conn, {"id": ctrl.get("id", -1), "error": "ChannelError",
