@@ -247,15 +247,23 @@ class _Host:
                                               "127.0.0.1")
         self.clients = []
 
-    def client(self, who):
+    def client(self, who, ack_link=False):
+        """A client as ``ChannelClient.connect`` makes it; ``ack_link``: it may open an ack link once fed."""
         import json
+        import uuid
 
         from rlinf.scheduler.messaging.channel.client import ChannelClient
         from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
-        hello = json.dumps({"service": "channel", "channel": self.name, "client": who}).encode()
-        link = CpuTransport().connect(self.endpoint, hello, time.monotonic() + 10)
-        c = ChannelClient(self.name, f"{self.name}-host", link)
+        token = uuid.uuid4().hex
+
+        def dial(hello):
+            return CpuTransport().connect(self.endpoint, json.dumps(hello).encode(), time.monotonic() + 10)
+
+        c = ChannelClient(self.name, f"{self.name}-host",
+                          dial({"service": "channel", "channel": self.name, "client": who, "token": token}))
+        if ack_link:
+            c._dial_acks = lambda: dial({"service": "channel", "channel": self.name, "acks_for": token})
         self.clients.append(c)
         return c
 

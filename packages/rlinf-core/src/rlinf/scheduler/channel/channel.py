@@ -285,9 +285,12 @@ class Channel:
             return decode(ctrl_back, items) if decode else ctrl_back.get("value")
 
         if ctrl["op"] == "get" and not async_op:
+            start = time.monotonic()
             got = _take_fed(client, ctrl, timeout, what)
             if got is not _NOT_FED:
                 return got
+            if timeout is not None and ctrl.get("timeout") is not None:  # a feed that ended mid-wait: what is left
+                timeout = ctrl["timeout"] = max(0.0, timeout - (time.monotonic() - start))
         elif ctrl["op"] in ("get", "get_batch") and client.has_feed(ctrl["key"]):
             client.end_feed(ctrl["key"])  # its items go back to the head of the queue before this take
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import struct
+import threading
 import time
 from typing import Callable, Optional
 
@@ -83,17 +84,24 @@ class _Acks:
                 return acks
 
     def _offer_ack_link(self) -> None:
-        """Heartbeat thread: open the ack link once the connection is fed ahead (the host confirms it)."""
+        """Heartbeat thread: open the ack link once the connection is fed ahead (the host confirms it), on
+        a thread of its own (a handshake may take long; the heartbeat must not wait for it)."""
         if self._dial_acks is None or self._ack_offered is not None or not self._feeds:
             return
         dial, self._dial_acks = self._dial_acks, None  # one try per connection
+        threading.Thread(target=self._dial_ack_link, args=(dial,), name=f"rlinf-channel-{self.channel}-acks",
+                         daemon=True).start()
+
+    def _dial_ack_link(self, dial: Callable) -> None:
         try:
             link = dial()
         except Exception:
             return  # acknowledgements keep going on the main connection
         with self._lock:
             self._ack_offered, ready = link, self._ack_confirmed
-        if ready and self._dead is None:
+        if self._dead is not None:  # failed meanwhile: fail() closed what it saw, this one is ours to close
+            self._close_ack_link()
+        elif ready:
             self._ack_link = link
 
     def _ack_link_confirmed(self) -> None:

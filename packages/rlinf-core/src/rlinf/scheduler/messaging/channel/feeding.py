@@ -9,8 +9,8 @@ item is delivered once, whatever happens to the process).
 
 The buffer is filled by whichever thread reads the connection: a waiting get
 reads itself when no one else does (no hand-over between threads).  Items
-the user has not taken go back to the host, which puts them at the head of
-their queue in order, when the host recalls the feed (another consumer came),
+the user has not taken go back to the host, which puts them back in their
+places in the queue, when the host recalls the feed (another consumer came),
 when the feed has been idle for ``FEED_IDLE`` seconds, before any other kind
 of take on the key (an asynchronous get, ``get_batch``, ``get_nowait`` that
 finds nothing here), and when the connection ends (the host puts back what
@@ -47,7 +47,10 @@ class _Feeds:
         self._feeds: dict[str, _Feed] = {}
         self._fed_cond = threading.Condition(threading.Lock())
         self._fed_waiting = 0
-        self._returns: list = []  # (key, ids, end) to send once the read burst is routed
+        #: (key, ids, end) to send: after the read burst that made them, before any later message, or on a
+        #: heartbeat tick; one that cannot go now stays queued (never dropped: its items would stay in flight)
+        self._returns: collections.deque = collections.deque()
+        self._fed_until = 0.0  # until then fed items of an ended feed may still come: the heartbeat reads
 
     def _route_feed(self, ctrl: dict, frames) -> None:
         """A message about a feed: items fed ahead, a recall, or a get's reply that grants a feed."""
@@ -66,6 +69,7 @@ class _Feeds:
                 if feed is None:
                     return
                 del self._feeds[key]
+                self._fed_until = time.monotonic() + FEED_IDLE
                 if feed.buffer:
                     self._returns.append((key, [rid for rid, _ in feed.buffer], False))
             elif feed is None:
@@ -73,10 +77,15 @@ class _Feeds:
             if self._fed_waiting:
                 self._fed_cond.notify_all()
 
-    def _send_returns(self) -> None:
-        returns, self._returns = self._returns, []
-        for key, ids, end in returns:
-            self._send_one_way({"id": 0, "op": "return", "key": key, "ids": ids, "end": end})
+    def _send_returns(self, limit: Optional[float] = None, when_idle: bool = False) -> None:
+        for _ in range(len(self._returns)):
+            try:
+                key, ids, end = self._returns.popleft()
+            except IndexError:  # another thread sent the last one
+                return
+            if not self._send_one_way({"id": 0, "op": "return", "key": key, "ids": ids, "end": end}, limit, when_idle):
+                self._returns.appendleft((key, ids, end))  # kept, in order, for the next message or tick
+                return
 
     def has_feed(self, key: str) -> bool:
         return key in self._feeds
@@ -102,7 +111,11 @@ class _Feeds:
                     low = len(feed.buffer) == FEED_WINDOW // 2
             if got is not None:
                 if low:  # half taken: the host refills it while the other half is taken
-                    self._say_more(key)
+                    try:
+                        self._say_more(key)
+                    except BaseException:  # interrupted: the item goes back where it was
+                        self._unpop(key, feed, got)
+                        raise
                 return got
             left = deadline - time.monotonic()
             if left <= 0:
@@ -124,18 +137,28 @@ class _Feeds:
                     finally:
                         self._fed_waiting -= 1
 
-    def end_feed(self, key: str) -> None:
+    def end_feed(self, key: str, when_idle: bool = False) -> None:
         """End this connection's feed on ``key`` (before another kind of take there): its items go back first."""
         with self._fed_cond:
             feed = self._feeds.pop(key, None)
-        if feed is not None and self._dead is None:
-            self._send_one_way({"id": 0, "op": "return", "key": key, "ids": [rid for rid, _ in feed.buffer],
-                                "end": True})
+            if feed is None:
+                return
+            self._fed_until = time.monotonic() + FEED_IDLE
+            self._returns.append((key, [rid for rid, _ in feed.buffer], True))
+        self._send_returns(when_idle=when_idle)
+
+    def _unpop(self, key: str, feed: _Feed, got: tuple) -> None:
+        """Put an item taken from the buffer back: at its head if the feed goes on, else to the host."""
+        with self._fed_cond:
+            if self._feeds.get(key) is feed:
+                feed.buffer.appendleft(got)
+                return
+        self.give_back(key, got[0])
 
     def give_back(self, key: str, rid: int) -> None:
         """Return one fed item taken from the buffer and not handed out (its take was interrupted)."""
-        if self._dead is None:
-            self._send_one_way({"id": 0, "op": "return", "key": key, "ids": [rid], "end": False})
+        self._returns.append((key, [rid], False))
+        self._send_returns(when_idle=True)  # else with the next message or tick
 
     def _wake_fed(self) -> None:
         if self._fed_waiting:
@@ -145,12 +168,13 @@ class _Feeds:
     def _tend_feeds(self) -> None:
         """Heartbeat tick: end idle feeds, and read what came (a recall) if no one reads."""
         now = time.monotonic()
-        with self._fed_cond:  # (not while another send holds the link: this thread must not wait behind it)
-            idle = [k for k, f in self._feeds.items() if now - f.used > FEED_IDLE and not self._fed_waiting
-                    and not self._sending]
+        with self._fed_cond:
+            idle = [k for k, f in self._feeds.items() if now - f.used > FEED_IDLE and not self._fed_waiting]
         for key in idle:
-            self.end_feed(key)
-        if self._feeds and self._reader is None and self._claim():
+            self.end_feed(key, when_idle=True)  # this thread never waits behind another send
+        if self._returns:
+            self._send_returns(when_idle=True)
+        if (self._feeds or now < self._fed_until) and self._reader is None and self._claim():
             try:
                 self._read_one(None)
             finally:

@@ -33,7 +33,7 @@ then sends ``fed`` messages (``key``, ``ids``: one negative id per item,
 ``sizes``) with id 0.  ``recall`` (``key``) ends a feed from the host's side;
 the client answers with ``return`` (``key``, ``ids`` of the items it did not
 hand out, ``end``: the client ended the feed itself), whose items go back to
-the head of the queue in order.  ``more`` (``key``) asks the host to read the
+their places in the queue (items carry their sequence).  ``more`` (``key``) asks the host to read the
 client's acknowledgements and refill.  A client's *ack link* is a second
 connection whose hello names the first's ``token`` (``acks_for``); once the
 host confirms it (``acks``, id 0) the client's acks go there, each message

@@ -19,9 +19,14 @@ items ahead to that connection (``fed``, each item with an id of its own, up
 to the window unacknowledged), so the client's next gets find their items
 there without a request.  Fed items stay in flight (and count in ``qsize``)
 until acknowledged; a get from another connection *recalls* the feed (the
-client returns the items it has not handed out, which go back to the head of
-the queue, in order) and the key is marked shared, so no feed is granted on
-it again while the host remembers that.
+client returns the items it has not handed out) and the key is marked shared,
+so no feed is granted on it again while the host remembers that.  Every item
+carries its sequence in the queue, and one that comes back (returned,
+cancelled, its connection lost) goes back to its place by it; while the items
+of an ended feed are out, the key's gets wait for them (``RECALL_WAIT`` at the
+most), so no consumer gets an item before older ones that were fed ahead.
+No feed is served while a get of the key is parked (a ``get_batch`` waiting
+for weight goes first).
 """
 
 from __future__ import annotations
@@ -112,12 +117,13 @@ class _Feed:
 
 @dataclass
 class _Queue:
-    items: collections.deque = field(default_factory=collections.deque)  # (frames, weight)
+    items: collections.deque = field(default_factory=collections.deque)  # (frames, weight, seq), by seq
     getters: collections.deque = field(default_factory=collections.deque)
     putters: collections.deque = field(default_factory=collections.deque)
     uncommitted: int = 0  # items taken from puts whose producers have not committed them yet
     feed: Optional[_Feed] = None  # the connection fed ahead on this key (its only consumer)
     fed: int = 0  # items fed ahead and neither acknowledged nor returned (by any connection)
+    hold_until: float = 0.0  # after a recall: gets wait (until then at most) for the fed items to come back
 
 
 #: the deadline heap is compacted when it reaches this size (and then twice what was left)
@@ -133,6 +139,8 @@ FEED_BYTES = 1 << 20
 SHARED_KEYS_KEPT = 4096
 #: seconds a get_nowait on a key whose items are fed ahead waits for their recall
 NOWAIT_RECALL = 1.0
+#: seconds the gets of a key wait for the items of its ended feed to come back before they are served anyway
+RECALL_WAIT = 5.0
 
 log = logging.getLogger("rlinf.channel")
 
@@ -154,10 +162,10 @@ class _KeyQueues:
             entry = conn.uncommitted.pop(i, None)
             if entry is None:
                 continue  # cancelled before (its caller was told it failed), or never taken
-            key, item = entry
+            key, (frames, weight) = entry
             q = self._queues[key]
             q.uncommitted -= 1
-            q.items.append(item)
+            q.items.append((frames, weight, next(self._item_seq)))
             if key not in touched:
                 touched.append(key)
         for key in touched:
@@ -174,10 +182,15 @@ class _KeyQueues:
         return not self.maxsize or len(q.items) + q.uncommitted < self.maxsize
 
     def _requeue(self, key: str, items: list) -> None:
-        """Put items that left but were not taken back at the head of ``key``'s queue."""
-        q = self._queues.setdefault(key, _Queue())
-        for item in reversed(items):
-            q.items.appendleft(item)
+        """Put items that left but were not taken back into ``key``'s queue where they were: by their
+        sequence (at the head, unless items that left later came back first)."""
+        q = self._queues.get(key) or self._queues.setdefault(key, _Queue())
+        at = 0
+        for item in sorted(items, key=lambda it: it[2]):
+            while at < len(q.items) and q.items[at][2] < item[2]:
+                at += 1
+            q.items.insert(at, item)
+            at += 1
 
     def _park(self, waiters: collections.deque, w: _Waiter) -> None:
         waiters.append(w)
@@ -212,8 +225,8 @@ class _KeyQueues:
     def _send_items(self, w: _Waiter, items: list, granted: bool = False) -> None:
         """A reply carrying ``items`` to ``w``; they stay in flight on its connection until acknowledged."""
         w.conn.inflight[w.rid] = (w.key, items)
-        frames = [f for item, _ in items for f in item]
-        ctrl = {"id": w.rid, "count": len(items), "sizes": [len(item) for item, _ in items]}
+        frames = [f for item in items for f in item[0]]
+        ctrl = {"id": w.rid, "count": len(items), "sizes": [len(item[0]) for item in items]}
         if granted:
             ctrl["feed"], ctrl["key"] = True, w.key
         self._reply(w.conn, ctrl, frames)
@@ -248,8 +261,8 @@ class _KeyQueues:
             ids.append(i)
         f.held += len(items)
         q.fed += len(items)
-        self._reply(f.conn, {"id": 0, "op": "fed", "key": f.key, "ids": ids, "sizes": [len(it) for it, _ in items]},
-                    [frame for it, _ in items for frame in it])
+        self._reply(f.conn, {"id": 0, "op": "fed", "key": f.key, "ids": ids, "sizes": [len(it[0]) for it in items]},
+                    [frame for it in items for frame in it[0]])
 
     def _unfeed(self, conn: _Conn, rid: int) -> Optional[_Feed]:
         """A fed item left its connection's flight (acknowledged, returned or put back); its feed."""
@@ -265,6 +278,14 @@ class _KeyQueues:
         if f is not None:
             f.conn.feeds.pop(key, None)
             self._reply(f.conn, {"id": 0, "op": "recall", "key": key})
+            self._hold(q, key)
+
+    def _hold(self, q: _Queue, key: str) -> None:
+        """A feed ended: the key's gets wait until its fed items are back (``RECALL_WAIT`` at the most), so
+        no item is served before older ones that were fed ahead."""
+        if q.fed:
+            q.hold_until = time.monotonic() + RECALL_WAIT
+            heapq.heappush(self._timers, (q.hold_until, next(self._seq), _Waiter(None, 0, "hold", key, q.hold_until)))
 
     def _mark_shared(self, key: str) -> None:
         self._shared[key] = True
@@ -278,12 +299,14 @@ class _KeyQueues:
         q = self._queues.get(key)
         if f is not None and q is not None and q.feed is f:
             q.feed = None
+            self._hold(q, key)
 
     def _progress(self, key: str) -> None:
         """Serve whatever the state of ``key`` now allows."""
         q = self._queues.get(key)
         if q is None:
             return
+        held = q.fed and q.feed is None and q.hold_until > time.monotonic()  # a recalled feed's items are out
         progressed = True
         while progressed:
             progressed = False
@@ -292,7 +315,7 @@ class _KeyQueues:
                 self._unpark(q.putters, w)
                 self._take(w.conn, w.rid, key, q, w.frames, w.weight)
             for w in list(q.getters):
-                if not q.items:
+                if not q.items or held:
                     break
                 if w.op == "get":
                     self._unpark(q.getters, w)
@@ -306,7 +329,7 @@ class _KeyQueues:
                         self._unpark(q.getters, w)
                         self._send_items(w, batch)
                         progressed = True
-        if q.feed is not None and q.items:
+        if q.feed is not None and q.items and not q.getters:  # a get_batch parked there goes first
             self._feed_ahead(q, q.feed)
         self._maybe_forget(key)
 
@@ -319,7 +342,8 @@ class _KeyQueues:
         at its ``maxsize`` cannot take the items that would complete it).
         """
         total, n = 0.0, 0
-        for _, weight in q.items:
+        for item in q.items:  # (frames, weight, ...): the in-process channel's items have no sequence
+            weight = item[1]
             if total + weight > target:
                 break
             total += weight
@@ -363,7 +387,7 @@ class _KeyQueues:
         """Why a parked request ran out: for a ``get_batch``, what the key holds and how to fix it."""
         if w.op != "get_batch" or not q.items:
             return "timed out waiting"
-        weight = sum(wt for _, wt in q.items)
+        weight = sum(it[1] for it in q.items)
         hint = (" (items put without weight= weigh 0: put(item, weight=...) gives each its weight)"
                 if weight == 0 else "")
         return (f"timed out waiting: key {show_key(w.key)} holds {len(q.items)} item(s) of total weight {weight:g}, "
@@ -372,7 +396,7 @@ class _KeyQueues:
     def _note_stall(self, w: _Waiter) -> None:
         """Say early, in the host's log, that a ``get_batch`` waits on items that all weigh 0."""
         q = self._queues.get(w.key)
-        if q is None or not q.items or any(wt for _, wt in q.items):
+        if q is None or not q.items or any(it[1] for it in q.items):
             return
         log.warning("channel %r: get_batch(target_weight=%g) from %s on key %s has waited %g s: the key holds "
                     "%d item(s) of total weight 0, less than the target, and items put without weight= weigh 0 "
@@ -382,6 +406,10 @@ class _KeyQueues:
     def _expire(self, now: float) -> None:
         while self._timers and self._timers[0][0] <= now:
             _, _, w = heapq.heappop(self._timers)
+            if w.op == "hold":  # a recalled feed's items did not all come back in time: serve anyway
+                if w.key in self._queues:
+                    self._progress(w.key)
+                continue
             if not w.parked:
                 continue
             if w.deadline is None or now < w.deadline:  # a get_batch's stall note, not its deadline

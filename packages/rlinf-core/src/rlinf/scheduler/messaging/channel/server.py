@@ -61,10 +61,8 @@ from __future__ import annotations
 import collections
 import itertools
 import queue
-import select
 import selectors
 import socket
-import struct
 import threading
 import time
 import traceback
@@ -75,6 +73,7 @@ from ...plugins.transport import Link
 from .blocks import _BlockPool, _own
 from .keys import show_key
 from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
+from .ack_links import _AckLinks
 from .introspection import _Introspection
 from .queues import _MIN_TIMERS_COMPACT, NOWAIT_RECALL, _Conn, _KeyQueues, _Queue, _Waiter
 
@@ -85,13 +84,11 @@ DEFAULT_SENDERS = 4
 _READ_BURST = 32
 #: seconds between checks for silent and congested connections
 _CHECK_EVERY = 0.25
-#: messages of a client's ack link read at once (a client sends one per item it hands out)
-_ACK_DRAIN = 1 << 16
 #: seconds a dropped connection read by a thread of its own waits for that thread's last messages
 _DRAIN_LIMIT = 5.0
 
 
-class ChannelServer(_KeyQueues, _Introspection):
+class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
     def __init__(self, name: str, maxsize: int):
         self.name = name
         self.maxsize = maxsize
@@ -109,6 +106,7 @@ class ChannelServer(_KeyQueues, _Introspection):
         self._timers: list = []  # heap of (deadline, seq, waiter); served waiters leave it lazily
         self._compact_timers_at = _MIN_TIMERS_COMPACT
         self._seq = itertools.count()
+        self._item_seq = itertools.count()  # every item's place in its queue, kept when it goes back
         self._inbox: collections.deque = collections.deque()  # callables posted to the loop by other threads
         self._messages = 0  # messages handled, from every client (a put costs one, plus its share of a commit)
         self._again: set = set()  # connections that may hold more requests already read off their socket
@@ -164,36 +162,6 @@ class ChannelServer(_KeyQueues, _Introspection):
         if conn.fd is None:
             threading.Thread(target=self._read_thread, args=(conn,), name=f"rlinf-channel-{self.name}-client",
                              daemon=True).start()
-
-    def _attach_acks(self, link: Link, token: str) -> None:
-        """A client's ack link (see ``acking``): read without waiting, and confirmed on its main connection."""
-        conn = self._tokens.get(token)
-        if conn is None or not conn.alive or conn.ack_link is not None or conn.fd is None or link.poll_fd() is None:
-            link.close()
-            return
-        conn.ack_link, conn.ack_poll = link, select.poll()
-        conn.ack_poll.register(link.poll_fd(), select.POLLIN)
-        self._reply(conn, {"id": 0, "op": "acks"})
-
-    def _drain_acks(self, conn: _Conn, progress: bool = True) -> None:
-        """Apply the acknowledgements waiting on ``conn``'s ack link (all of them: it is never waited on)."""
-        link, ids = conn.ack_link, []
-        if link is None or not (conn.ack_left or conn.ack_poll.poll(0)):
-            return  # nothing came since the last read (a whole message left read ahead is not: ack_left)
-        conn.ack_left = True
-        for _ in range(_ACK_DRAIN):  # bounded: a client that floods it waits its turn
-            try:
-                msg = link.recv_nowait()
-                if msg is None:
-                    conn.ack_left = False
-                    break
-                ids.extend(struct.unpack(f"<{len(msg[1][0]) // 8}q", msg[1][0]))  # item ids, int64 each
-            except Exception:  # closed (the client went: everything it sent has been read) or garbled
-                conn.ack_link = None
-                link.close()
-                break
-        if ids:
-            self._acked(conn, ids, progress)
 
     def _add(self, conn: _Conn) -> None:
         self._conns.add(conn)
@@ -350,23 +318,26 @@ class ChannelServer(_KeyQueues, _Introspection):
         """Append a pushed put (one-way, only to a host without maxsize: it always has room) and serve its key."""
         key = str(ctrl.get("key", "default_queue"))
         q = self._queues.get(key) or self._queues.setdefault(key, _Queue())
-        q.items.append((_own(item, self._blocks), float(ctrl.get("weight", 0))))
+        q.items.append((_own(item, self._blocks), float(ctrl.get("weight", 0)), next(self._item_seq)))
         if q.feed is not None and not q.getters:
             self._feed_later.add(key)  # fed at the end of this turn: the pushes read with it go in the same message
         else:
             self._progress(key)
 
     def _acked(self, conn: _Conn, ids, progress: bool = True) -> None:
-        room = None
+        fed = set()
         for i in ids:
             entry = conn.inflight.pop(i, None)
             if entry is not None:
-                for frames, _ in entry[1]:
-                    self._blocks.give_back(frames)
-                if i < 0:
-                    room = self._unfeed(conn, i) or room
-        if progress and room is not None and room.conn.feeds.get(room.key) is room:  # its window has room again
-            self._progress(room.key)
+                for item in entry[1]:
+                    self._blocks.give_back(item[0])
+                if i < 0 and self._unfeed(conn, i) is not None:
+                    fed.add(entry[0])
+        for key in fed if progress else ():
+            q = self._queues.get(key)
+            # its window has room again, or the last item of a recalled feed is settled: gets held for it go on
+            if q is not None and (q.feed is not None or (not q.fed and q.getters)):
+                self._progress(key)
 
     # -- the loop ----------------------------------------------------------------------
     def _loop(self) -> None:
@@ -564,8 +535,9 @@ class ChannelServer(_KeyQueues, _Introspection):
         if op == "more":  # the client acknowledged quietly and waits: its acks were read above
             return self._progress(key)
         if op == "qsize":  # fed items not yet handed out are still queued
-            if q is not None and q.feed is not None:
-                self._drain_acks(q.feed.conn, progress=False)
+            if q is not None and q.fed:
+                for c in list(self._conns):  # those that hold its fed items, a recalled feed's included
+                    self._drain_acks(c, progress=False)
             return self._reply(conn, {"id": rid, "value": len(q.items) + q.fed if q else 0})
         if op == "full":
             return self._reply(conn, {"id": rid, "value": q is not None and not self._has_room(q)})
