@@ -7,6 +7,8 @@ case every item is delivered once, in the order it was put, and nothing is
 left in flight.
 """
 
+import time
+
 import pytest
 
 from rlinf.scheduler.channel.channel import _NOT_FED, _take_fed
@@ -153,3 +155,39 @@ def test_a_get_batch_parked_beside_a_feed_is_served_first(host):
     ctrl, _ = batch.result(5)
     assert ctrl["count"] == 3  # items 1-3: the feed did not take them from under it
     assert [_get(a, "k") for _ in range(2)] == [4, 5]
+
+
+def test_a_recalled_feed_whose_items_were_all_taken_holds_nobody_up(host):
+    """The feed's client took every item (acknowledged on its ack link, which wakes no one): a second
+    consumer's get is served at once, and so is one after a qsize; a get_nowait during a hold answers
+    within its second."""
+    h = host("order_all_taken")
+    p, a, b = h.client("p"), h.client("a", ack_link=True), h.client("b")
+    for i in range(4):
+        _put(p, "k", i)
+    assert _get(a, "k") == 0
+    wait_for(lambda: a._ack_link is not None, 5, "the ack link")
+    wait_for(lambda: _buffered(a, "k") == 3, 5, "three items in a's buffer")
+    assert [_get(a, "k") for _ in range(3)] == [1, 2, 3]
+    _put(p, "k", 4)
+    start = time.monotonic()
+    assert _get(b, "k") == 4 and time.monotonic() - start < 1.0  # no hold: nothing of a's feed is out
+    _, fut = b.request({"op": "qsize", "key": "k"}, (), blocking=True)
+    assert b.wait_reply(fut, 5)[0]["value"] == 0
+
+    c = h.client("c")
+    for i in range(40):
+        _put(p, "k2", i)
+    assert _get(c, "k2") == 0
+    wait_for(lambda: _buffered(c, "k2") == 32, 5, "a full window fed to c")
+    sent = c._send_one_way  # c's returns cannot go for a while (another send holds its link)
+    c._send_one_way = lambda ctrl, *args, **kw: False if ctrl.get("op") == "return" else sent(ctrl, *args, **kw)
+    try:
+        start = time.monotonic()
+        got = _get(b, "k2", nowait=True)  # a hold (c's items are out), and 7 items queued behind them
+        took = time.monotonic() - start
+    finally:
+        c._send_one_way = sent
+    assert got == 33 and 0.5 < took < 3.0  # after its second, what is there, not 5 s
+    wait_for(lambda: _state(h, "k2")["fed"] == 0, 5, "c's items back with its next tick")
+    assert [_get(b, "k2") for _ in range(7)] == [1, 2, 3, 4, 5, 6, 7]

@@ -172,7 +172,7 @@ class ChannelClient(_Sends, _Commits, _Acks, _Feeds):
                 if batch:
                     self._commit_batch(batch, state)
                 if self._returns:
-                    self._send_returns()
+                    self._send_returns(when_idle=True)  # else with the next message or tick: a reader never waits here
             finally:
                 if batch and not state[1]:  # cut short: the connection is given up below
                     self._settle_batch(batch, state[0])

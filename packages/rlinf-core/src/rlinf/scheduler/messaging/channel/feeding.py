@@ -50,6 +50,7 @@ class _Feeds:
         #: (key, ids, end) to send: after the read burst that made them, before any later message, or on a
         #: heartbeat tick; one that cannot go now stays queued (never dropped: its items would stay in flight)
         self._returns: collections.deque = collections.deque()
+        self._returns_lock = threading.Lock()  # held across taking a return, sending it and keeping it if it failed
         self._fed_until = 0.0  # until then fed items of an ended feed may still come: the heartbeat reads
 
     def _route_feed(self, ctrl: dict, frames) -> None:
@@ -77,15 +78,22 @@ class _Feeds:
             if self._fed_waiting:
                 self._fed_cond.notify_all()
 
-    def _send_returns(self, limit: Optional[float] = None, when_idle: bool = False) -> None:
-        for _ in range(len(self._returns)):
-            try:
-                key, ids, end = self._returns.popleft()
-            except IndexError:  # another thread sent the last one
-                return
-            if not self._send_one_way({"id": 0, "op": "return", "key": key, "ids": ids, "end": end}, limit, when_idle):
-                self._returns.appendleft((key, ids, end))  # kept, in order, for the next message or tick
-                return
+    def _send_returns(self, limit: Optional[float] = None, when_idle: bool = False) -> bool:
+        """Send the queued returns, in order; False if some are still queued (another send held the link,
+        or another thread is sending them: a message that must follow them waits, or is not sent)."""
+        lock = self._returns_lock
+        if not (lock.acquire(False) if when_idle else lock.acquire(timeout=self._send_timeout if limit is None else limit)):
+            return False
+        try:
+            while self._returns:
+                key, ids, end = self._returns[0]
+                if not self._send_one_way({"id": 0, "op": "return", "key": key, "ids": ids, "end": end}, limit,
+                                          when_idle):
+                    return False  # kept, in order, for the next message or tick
+                self._returns.popleft()
+            return True
+        finally:
+            self._returns_lock.release()
 
     def has_feed(self, key: str) -> bool:
         return key in self._feeds

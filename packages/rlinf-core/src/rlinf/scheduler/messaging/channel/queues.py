@@ -278,7 +278,13 @@ class _KeyQueues:
         if f is not None:
             f.conn.feeds.pop(key, None)
             self._reply(f.conn, {"id": 0, "op": "recall", "key": key})
+            self._drain_acks(f.conn, progress=False)  # what it took already needs no waiting for
             self._hold(q, key)
+
+    @staticmethod
+    def _held(q: _Queue) -> bool:
+        """Whether ``q``'s gets wait for the items of an ended feed (see ``_hold``)."""
+        return bool(q.fed) and q.feed is None and q.hold_until > time.monotonic()
 
     def _hold(self, q: _Queue, key: str) -> None:
         """A feed ended: the key's gets wait until its fed items are back (``RECALL_WAIT`` at the most), so
@@ -306,7 +312,7 @@ class _KeyQueues:
         q = self._queues.get(key)
         if q is None:
             return
-        held = q.fed and q.feed is None and q.hold_until > time.monotonic()  # a recalled feed's items are out
+        held = self._held(q)
         progressed = True
         while progressed:
             progressed = False
@@ -419,7 +425,9 @@ class _KeyQueues:
             self._unpark(q.putters if w.op == "put" else q.getters, w)
             if w.op == "put":
                 self._blocks.give_back(w.frames)
-            if w.nowait:
+            if w.nowait and q.items:  # a get_nowait that waited for a hold to end: it gets what is there
+                self._send_items(w, [q.items.popleft()])
+            elif w.nowait:
                 self._reply(w.conn, {"id": w.rid, "error": "QueueEmpty",
                                      "message": f"channel {self.name!r} key {show_key(w.key)} is empty"})
             else:

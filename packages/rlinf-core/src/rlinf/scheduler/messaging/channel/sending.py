@@ -37,8 +37,8 @@ class _Sends:
         future must then get no callbacks: whichever thread reads sets it."""
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
         self._send_abandoned(limit)  # before this request, so an item put back keeps its place ahead of it
-        if self._returns:
-            self._send_returns(limit)  # fed items given back go before this message
+        if self._returns and not self._send_returns(limit):  # fed items given back go before this message
+            raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True)
         fut = _Reply()
         fut.owner = threading.get_ident()
         with self._lock:
@@ -81,8 +81,8 @@ class _Sends:
         ``request`` does if it was not (``SendTimeout``: nothing was sent)."""
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
         self._send_abandoned(limit)
-        if self._returns:
-            self._send_returns(limit)  # fed items given back go before this message
+        if self._returns and not self._send_returns(limit):  # fed items given back go before this message
+            raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True)
         if self._dead:
             raise PeerDiedError(self._dead, peer=self.host)
         if self._acks:

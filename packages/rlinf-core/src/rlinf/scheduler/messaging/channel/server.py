@@ -325,7 +325,7 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
             self._progress(key)
 
     def _acked(self, conn: _Conn, ids, progress: bool = True) -> None:
-        fed = set()
+        fed: set = set()
         for i in ids:
             entry = conn.inflight.pop(i, None)
             if entry is not None:
@@ -333,7 +333,10 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
                     self._blocks.give_back(item[0])
                 if i < 0 and self._unfeed(conn, i) is not None:
                     fed.add(entry[0])
-        for key in fed if progress else ():
+        if not progress:  # the caller is in the middle of something: the loop serves these keys after it
+            self._feed_later.update(fed)
+            return
+        for key in fed:
             q = self._queues.get(key)
             # its window has room again, or the last item of a recalled feed is settled: gets held for it go on
             if q is not None and (q.feed is not None or (not q.fed and q.getters)):
@@ -563,14 +566,15 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
             if q.feed is not None and (q.feed.conn is not conn or not ctrl.get("feed")):
                 if q.feed.conn is not conn:
                     self._mark_shared(key)
-                self._recall(q, key)  # its items come back to the head of the queue, in order
+                self._recall(q, key)  # its items come back to their places; gets wait for them (a hold)
             target = float(ctrl.get("target", 0))
-            if op == "get_batch" and q.items and q.items[0][1] > target and not q.getters:
+            held = self._held(q)  # older items are out: the queue's head is not the head yet
+            if op == "get_batch" and q.items and q.items[0][1] > target and not q.getters and not held:
                 self._reply(conn, {"id": rid, "error": "ValueError", "message":
                                    f"the next item on key {show_key(key)} weighs {q.items[0][1]}, more than target_weight {target}"})
                 return self._maybe_forget(key)
             nowait = bool(ctrl.get("nowait"))
-            if nowait and not q.items:
+            if nowait and (not q.items or held):
                 if q.fed:  # items fed ahead, recalled above or being returned: wait for them a little
                     self._park(q.getters, _Waiter(conn, rid, op, key, time.monotonic() + NOWAIT_RECALL, nowait=True))
                     return
