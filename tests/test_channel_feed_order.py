@@ -191,3 +191,19 @@ def test_a_recalled_feed_whose_items_were_all_taken_holds_nobody_up(host):
     assert got == 33 and 0.5 < took < 3.0  # after its second, what is there, not 5 s
     wait_for(lambda: _state(h, "k2")["fed"] == 0, 5, "c's items back with its next tick")
     assert [_get(b, "k2") for _ in range(7)] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_large_items_are_fed_one_at_a_time(host):
+    """A feed holds about a megabyte ahead at the most (one item whatever its size): a consumer of large items
+    is never sent much more than it asked for."""
+    h = host("order_large")
+    p, a = h.client("p"), h.client("a", ack_link=True)
+    big = [bytes([i]) * (2 << 20) for i in range(6)]
+    _put(p, "k", big[0])
+    assert _get(a, "k") == big[0]  # a is fed from now on
+    for item in big[1:]:
+        _put(p, "k", item)  # each put is a chance to feed more
+    wait_for(lambda: _state(h, "k")["fed"] == 1, 5, "the next item fed ahead")
+    time.sleep(0.2)
+    assert _state(h, "k") == {"items": 4, "fed": 1, "feed": True}  # no more than one ahead
+    assert [_get(a, "k") for _ in range(5)] == big[1:]

@@ -73,7 +73,7 @@ class _Conn:
         self.uncommitted: dict[int, tuple[str, tuple]] = {}
         #: key -> this client's feed on it; fed item id (negative) -> the feed that sent it
         self.feeds: dict[str, _Feed] = {}
-        self.fed_by: dict[int, _Feed] = {}
+        self.fed_by: dict[int, tuple] = {}  # fed item id -> (its feed, its bytes)
         self.fed_ids = itertools.count(-1, -1)
         self.lock = threading.Lock()
         self.outbox: collections.deque = collections.deque()  # (control, frames), in order
@@ -113,6 +113,7 @@ class _Feed:
     key: str
     window: int
     held: int = 0  # items fed and not yet acknowledged or returned
+    held_bytes: int = 0  # their bytes: past FEED_BYTES nothing more is fed (a consumer's memory is not a queue)
 
 
 @dataclass
@@ -132,7 +133,7 @@ _MIN_TIMERS_COMPACT = 1024
 #: items never add up to its target: they were put without ``weight=``); once per request
 STALL_NOTE_AFTER = 5.0
 
-#: the most items a feed holds unacknowledged, and the bytes beyond which one message feeds no more items
+#: the most items a feed holds unacknowledged, and the most bytes (but always one item when it holds none)
 FEED_WINDOW_MAX = 64
 FEED_BYTES = 1 << 20
 #: keys remembered as shared by several consumers (no feed is granted on them)
@@ -244,31 +245,36 @@ class _KeyQueues:
 
     def _feed_ahead(self, q: _Queue, f: _Feed) -> None:
         """Send queued items ahead to ``f``, as many as its window has room for, in one message."""
-        if f.held >= f.window and f.conn.ack_link is not None:
+        if (f.held >= f.window or f.held_bytes >= FEED_BYTES) and f.conn.ack_link is not None:
             self._drain_acks(f.conn, progress=False)  # the acks that make room may be waiting there
-        items, size = [], 0
-        while q.items and f.held + len(items) < f.window and (not items or size < FEED_BYTES):
+        items, sizes = [], []
+        # at most the window, and FEED_BYTES held (one item whatever its size when none is): large items
+        # go one at a time, so a consumer never holds much more than it asked for
+        while q.items and f.held + len(items) < f.window and (f.held_bytes + sum(sizes) < FEED_BYTES
+                                                              or not (items or f.held)):
             item = q.items.popleft()
             items.append(item)
-            size += sum(memoryview(frame).nbytes for frame in item[0])
+            sizes.append(sum(memoryview(frame).nbytes for frame in item[0]))
         if not items:
             return
         ids = []
-        for item in items:
+        for item, n in zip(items, sizes):
             i = next(f.conn.fed_ids)
             f.conn.inflight[i] = (f.key, [item])
-            f.conn.fed_by[i] = f
+            f.conn.fed_by[i] = (f, n)
             ids.append(i)
         f.held += len(items)
+        f.held_bytes += sum(sizes)
         q.fed += len(items)
         self._reply(f.conn, {"id": 0, "op": "fed", "key": f.key, "ids": ids, "sizes": [len(it[0]) for it in items]},
                     [frame for it in items for frame in it[0]])
 
     def _unfeed(self, conn: _Conn, rid: int) -> Optional[_Feed]:
         """A fed item left its connection's flight (acknowledged, returned or put back); its feed."""
-        f = conn.fed_by.pop(rid, None)
+        f, n = conn.fed_by.pop(rid, (None, 0))
         if f is not None:
             f.held -= 1
+            f.held_bytes -= n
             self._queues[f.key].fed -= 1
         return f
 
