@@ -7,6 +7,7 @@ case every item is delivered once, in the order it was put, and nothing is
 left in flight.
 """
 
+import contextlib
 import time
 
 import pytest
@@ -68,12 +69,28 @@ def _buffered(client, key):
     return 0 if feed is None else len(feed.buffer)
 
 
+def _fed_from(p, a, key, n):
+    """``p`` puts 0..n-1 on ``key``; ``a`` gets 0 and is fed ahead."""
+    for i in range(n):
+        _put(p, key, i)
+    assert _get(a, key) == 0
+
+
+@contextlib.contextmanager
+def _returns_held(client):
+    """``client``'s returns cannot go meanwhile (as when another send holds its link): they stay queued."""
+    sent = client._send_one_way
+    client._send_one_way = lambda ctrl, *args, **kw: False if ctrl.get("op") == "return" else sent(ctrl, *args, **kw)
+    try:
+        yield
+    finally:
+        client._send_one_way = sent
+
+
 def test_a_second_consumer_waits_for_the_recalled_items_and_gets_them_first(host):
     h = host("order_recall")
     p, a, b = h.client("p"), h.client("a"), h.client("b")
-    for i in range(40):
-        _put(p, "k", i)
-    assert _get(a, "k") == 0
+    _fed_from(p, a, "k", 40)
     wait_for(lambda: _state(h, "k")["fed"] == 32, 5, "a window fed ahead")
     # b comes while 7 newer items are queued: the 32 fed to a come back first, in order
     assert [_get(b, "k") for _ in range(10)] == list(range(1, 11))
@@ -104,14 +121,10 @@ def test_items_on_their_way_when_a_client_ends_its_feed_keep_their_place(host):
 def test_a_return_that_cannot_go_at_once_goes_with_the_next_message(host):
     h = host("order_return")
     p, a, b = h.client("p"), h.client("a"), h.client("b")
-    for i in range(4):
-        _put(p, "k", i)
-    assert _get(a, "k") == 0
+    _fed_from(p, a, "k", 4)
     wait_for(lambda: _buffered(a, "k") == 3, 5, "three items in a's buffer")
-    sent = a._send_one_way
-    a._send_one_way = lambda ctrl, *args, **kw: False if ctrl.get("op") == "return" else sent(ctrl, *args, **kw)
-    a.end_feed("k")  # another send held the link: the return is kept, not dropped
-    a._send_one_way = sent
+    with _returns_held(a):
+        a.end_feed("k")  # another send held the link: the return is kept, not dropped
     assert len(a._returns) == 1 and _state(h, "k")["fed"] == 3
     _, fut = a.request({"op": "qsize", "key": "k"}, (), blocking=True)  # the next message: the return goes first
     assert a.wait_reply(fut, 5)[0]["value"] == 3 and not a._returns
@@ -121,9 +134,7 @@ def test_a_return_that_cannot_go_at_once_goes_with_the_next_message(host):
 def test_an_interrupt_after_a_fed_item_was_taken_puts_it_back(host):
     h = host("order_interrupt")
     p, a = h.client("p"), h.client("a", ack_link=True)
-    for i in range(40):
-        _put(p, "k", i)
-    assert _get(a, "k") == 0
+    _fed_from(p, a, "k", 40)
     wait_for(lambda: a._ack_link is not None, 5, "the ack link")
     wait_for(lambda: _buffered(a, "k") == 32, 5, "a full window")
     assert [_get(a, "k") for _ in range(15)] == list(range(1, 16))
@@ -163,9 +174,7 @@ def test_a_recalled_feed_whose_items_were_all_taken_holds_nobody_up(host):
     within its second."""
     h = host("order_all_taken")
     p, a, b = h.client("p"), h.client("a", ack_link=True), h.client("b")
-    for i in range(4):
-        _put(p, "k", i)
-    assert _get(a, "k") == 0
+    _fed_from(p, a, "k", 4)
     wait_for(lambda: a._ack_link is not None, 5, "the ack link")
     wait_for(lambda: _buffered(a, "k") == 3, 5, "three items in a's buffer")
     assert [_get(a, "k") for _ in range(3)] == [1, 2, 3]
@@ -176,18 +185,12 @@ def test_a_recalled_feed_whose_items_were_all_taken_holds_nobody_up(host):
     assert b.wait_reply(fut, 5)[0]["value"] == 0
 
     c = h.client("c")
-    for i in range(40):
-        _put(p, "k2", i)
-    assert _get(c, "k2") == 0
+    _fed_from(p, c, "k2", 40)
     wait_for(lambda: _buffered(c, "k2") == 32, 5, "a full window fed to c")
-    sent = c._send_one_way  # c's returns cannot go for a while (another send holds its link)
-    c._send_one_way = lambda ctrl, *args, **kw: False if ctrl.get("op") == "return" else sent(ctrl, *args, **kw)
-    try:
+    with _returns_held(c):  # c's recalled items do not come back for a while
         start = time.monotonic()
         got = _get(b, "k2", nowait=True)  # a hold (c's items are out), and 7 items queued behind them
         took = time.monotonic() - start
-    finally:
-        c._send_one_way = sent
     assert got == 33 and 0.5 < took < 3.0  # after its second, what is there, not 5 s
     wait_for(lambda: _state(h, "k2")["fed"] == 0, 5, "c's items back with its next tick")
     assert [_get(b, "k2") for _ in range(7)] == [1, 2, 3, 4, 5, 6, 7]
