@@ -32,7 +32,7 @@ from ..messaging.channel.protocol import REPLY_GRACE, SendTimeout
 from ..messaging.channel.protocol import send_timeout as _send_timeout
 from ..transports import codec
 from ..transports.async_work import AsyncWork
-from .works import _PutWork, _TakeWork
+from .works import _BatchedPutWork, _PutWork, _TakeWork
 
 DEFAULT_KEY = "default_queue"
 _GROUP_PREFIX = CHANNEL_HOST_PREFIX
@@ -294,9 +294,14 @@ class Channel:
         elif ctrl["op"] in ("get", "get_batch") and client.has_feed(ctrl["key"]):
             client.end_feed(ctrl["key"])  # its items go back to the head of the queue before this take
         try:
-            if ctrl["op"] == "put" and client.unbounded and not client._open_puts and not ctrl.get("nowait") and _small(frames):
-                client.push(ctrl, frames, send_timeout)  # returned: it happened (see ChannelClient.push)
-                return _done(what) if async_op else None
+            if ctrl["op"] == "put" and client.unbounded and not client._open_puts and not ctrl.get("nowait"):
+                size = _push_size(frames)
+                if size >= 0 and async_op:  # now, or with the pushes of its burst (see ChannelClient.push_async)
+                    batch = client.push_async(ctrl, frames, size, send_timeout)
+                    return _done(what) if batch is None else _BatchedPutWork(batch, what, client)
+                if size >= 0:
+                    client.push(ctrl, frames, send_timeout)  # returned: it happened (see ChannelClient.push)
+                    return None
             rid, fut = client.request(ctrl, frames, send_timeout, blocking=not async_op)
         except SendTimeout as exc:
             if ctrl.get("nowait") and not exc.busy:
@@ -499,13 +504,14 @@ def _take_fed(client: ChannelClient, ctrl: dict, timeout: Optional[float], what:
     return _NOT_FED
 
 
-def _small(frames) -> bool:
+def _push_size(frames) -> int:
+    """The bytes of a put's frames if it is small enough to go as a push, else -1."""
     total = 0
     for f in frames:
         total += f.nbytes if isinstance(f, memoryview) else len(f) if isinstance(f, (bytes, bytearray)) else memoryview(f).nbytes
         if total >= PUSH_MAX:
-            return False
-    return True
+            return -1
+    return total
 
 
 _DONE: concurrent.futures.Future = concurrent.futures.Future()

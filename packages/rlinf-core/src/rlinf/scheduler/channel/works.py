@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from ..base.errors import CommTimeoutError
 from ..messaging.channel.client import ChannelClient
+from ..messaging.channel.protocol import SendTimeout
 from ..messaging.channel.take_work import TakeWork
 from ..transports.async_work import AsyncWork
 
@@ -83,3 +84,29 @@ class _PutWork(AsyncWork):
             if self._future.done() or outcome is None or outcome[1] is not None:
                 raise
             return self._finish(outcome[0])
+
+
+class _BatchedPutWork(AsyncWork):
+    """The AsyncWork of an asynchronous put sent with the others of its burst (see ``batching``): done once
+    its batch was sent.  ``wait`` sends the batch if it has not gone yet; a ``wait(timeout)`` that runs out
+    while it still has not (another thread's send held the connection) withdraws the whole batch, whose
+    puts then fail with ``CommTimeoutError`` and are never delivered."""
+
+    def __init__(self, batch: concurrent.futures.Future, what: str, client: ChannelClient):
+        super().__init__(batch, what)
+        self._client = client
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        if not self._future.done():
+            try:
+                self._client.flush_batch(timeout)
+            except SendTimeout:
+                self._client.withdraw_batch(self._future, CommTimeoutError(
+                    f"{self._describe} not sent after {timeout} s; it was withdrawn with its batch "
+                    f"(none of them will be delivered)", peer=self._client.host))
+        try:
+            return super().wait(timeout)
+        except TimeoutError:
+            if self._future.done():
+                raise
+        return super().wait(self._client.settle_limit)  # bounded: its batch is being sent, its send decides

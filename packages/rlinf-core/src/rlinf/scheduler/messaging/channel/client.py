@@ -62,10 +62,11 @@ from ...plugins.transport import Link
 from .commits import BURST, _Commits, _Reply, _settle, _settle_decided
 from .acking import _Acks
 from .feeding import _Feeds
+from .batching import _Batches
 from .sending import _Sends
 from .protocol import DEAD_AFTER_BEATS, REPLY_GRACE, control, heartbeat_interval, send_timeout
 
-class ChannelClient(_Sends, _Commits, _Acks, _Feeds):
+class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds):
     def __init__(self, channel: str, host: str, link: Link):
         self.channel = channel
         self.host = host
@@ -105,6 +106,7 @@ class ChannelClient(_Sends, _Commits, _Acks, _Feeds):
         self._turn = threading.Condition(self._turn_lock)
         self._init_acks()
         self._init_feeds()
+        self._init_batches()
         threading.Thread(target=self._read_replies, name=f"rlinf-channel-{channel}-replies", daemon=True).start()
         threading.Thread(target=self._heartbeat, name=f"rlinf-channel-{channel}-heartbeat", daemon=True).start()
 
@@ -423,6 +425,7 @@ class ChannelClient(_Sends, _Commits, _Acks, _Feeds):
             self._blocking.clear()
             self._open_puts.clear()
             decided = [self._claimed.pop(rid) for rid in [r for r, f in self._claimed.items() if f.outcome]]
+        self._fail_batch(reason)
         for fut in decided:
             _settle_decided(fut)
         for fut in pending.values():

@@ -36,9 +36,7 @@ class _Sends:
         for it (it still reads it if it is awake for something else).  The
         future must then get no callbacks: whichever thread reads sets it."""
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
-        self._send_abandoned(limit)  # before this request, so an item put back keeps its place ahead of it
-        if self._returns and not self._send_returns(limit):  # fed items given back go before this message
-            raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True)
+        self._before_send(limit)
         fut = _Reply()
         fut.owner = threading.get_ident()
         with self._lock:
@@ -80,9 +78,7 @@ class _Sends:
         the put happened (the host applies the whole messages a departed client left); raises as
         ``request`` does if it was not (``SendTimeout``: nothing was sent)."""
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
-        self._send_abandoned(limit)
-        if self._returns and not self._send_returns(limit):  # fed items given back go before this message
-            raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True)
+        self._before_send(limit)
         if self._dead:
             raise PeerDiedError(self._dead, peer=self.host)
         if self._acks:
@@ -99,6 +95,23 @@ class _Sends:
             self._send([head, *frames], limit)
         except BaseException as exc:
             self._send_failed(exc, None, limit)
+
+    def _before_send(self, limit: float, batch: bool = True) -> None:
+        """What goes before a put or a request: a batch of asynchronous puts (see ``batching``), the
+        cancels of abandoned requests (an item put back keeps its place ahead of this message), and fed
+        items given back; ``SendTimeout`` if they could not go within ``limit``."""
+        if batch and (self._batch is not None or self._flush_lock.locked()):
+            self.flush_batch(limit)
+        self._send_abandoned(limit)
+        if self._returns and not self._send_returns(limit):  # fed items given back go before this message
+            raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True)
+
+    def _send_batch(self, ctrl: dict, frames, limit: float) -> None:
+        """Send a batch of pushes (``flush_batch`` holds its lock); raises as ``push`` does."""
+        self._before_send(limit, batch=False)
+        if self._dead:
+            raise PeerDiedError(self._dead, peer=self.host)
+        self._send_with_acks(ctrl, frames, limit)
 
     def _send_with_acks(self, ctrl: dict, frames, limit: float, undo=None) -> None:
         """Send a message with the queued acks riding on it; if it fails, ``undo()``, then raise (``_send_failed``)."""
