@@ -49,6 +49,7 @@ moving accelerator memory needs, through ``DeviceLink``:
 
 from __future__ import annotations
 
+import socket
 import time
 from abc import ABC, abstractmethod
 from typing import Callable, Optional, Sequence
@@ -165,6 +166,19 @@ class Link(ABC):
 
         Only for links whose ``recv_nowait`` works; the default (None) means
         the link must be read by a thread of its own.
+        """
+        return None
+
+    def detach(self) -> Optional[socket.socket]:
+        """Hand the connected stream socket under this link to the caller, for good, or None.
+
+        For a service that, once both ends agree, exchanges a plain byte
+        stream on an authenticated same-host connection (the channel's
+        acknowledgements: fixed-size records, no framing).  Only where
+        nothing was read ahead of the caller; what the link owed the peer
+        is sent first.  The link is unusable afterwards and its transport
+        forgets it: the caller closes the socket.  The default: None (the
+        link stays as it was).
         """
         return None
 

@@ -129,6 +129,31 @@ class SocketLink(_Sending, _Receiving, _ReadAhead, Link):
                 raise ConnectionError("the link was closed")
             _remaining(deadline)  # raises once past the deadline
 
+    def detach(self) -> Optional[socket.socket]:
+        """See ``Link.detach``: not for a link read by a read-ahead thread, nor one with bytes or
+        descriptors read past the last message; waits for another thread's send (a second at most)."""
+        if self._ahead_cond is not None or not self._rlock.acquire(timeout=1.0):
+            return None
+        try:
+            if self._rend > self._rstart or self._partial is not None or self._fds or not self.is_open():
+                return None
+            if not self._wlock.acquire(timeout=1.0):
+                return None
+            try:
+                if self._owed is not None:
+                    self._pay_owed(time.monotonic() + 1.0)  # one byte, sent whole or not at all
+                self._wbroken = self._rbroken = "detached (its socket is used directly)"
+            except (OSError, TimeoutError):
+                return None
+            finally:
+                self._wlock.release()
+        finally:
+            self._rlock.release()
+        callbacks, self._on_close = self._on_close, []
+        for fn in callbacks:  # the transport forgets it: its close no longer closes this socket
+            fn(self)
+        return self.sock
+
     def add_close_callback(self, fn: Callable[["SocketLink"], None]) -> None:
         """Call ``fn(link)`` once when the link is closed (the transport forgets it then)."""
         self._on_close.append(fn)

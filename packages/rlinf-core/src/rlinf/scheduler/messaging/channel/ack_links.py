@@ -1,11 +1,12 @@
 """The host side of ack links (a part of ``server.ChannelServer``; the client side is ``acking``).
 
 A fed client acknowledges on a second connection whose hello names its main
-connection's token; the host pairs the two, confirms on the main connection,
-and from then on reads the second one without ever waiting on it: only when
-bytes came (a ``poll`` of its descriptor), before each message of that
-client, when one of its feeds' windows looks full, on each connection check,
-for ``qsize``, and to its end when the client goes.
+connection's token; the host pairs the two, takes the second one's socket
+over (``Link.detach``: from then on it carries bare int64 item ids, see
+``acking``), confirms on the main connection, and reads the socket without
+ever waiting on it: only when bytes came (a ``poll`` of it), before each
+message of that client, when one of its feeds' windows looks full, on each
+connection check, for ``qsize``, and to its end when the client goes.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import struct
 from ...plugins.transport import Link
 from .queues import _Conn
 
-#: messages of a client's ack link read at once (a client sends one per item it hands out)
-_ACK_DRAIN = 1 << 16
+#: bytes of a client's ack link read at once (8 per item it hands out), and reads of it in one drain
+_ACK_CHUNK, _ACK_READS = 1 << 16, 16
 
 
 class _AckLinks:
@@ -29,29 +30,38 @@ class _AckLinks:
         if conn is None or not conn.alive or conn.ack_link is not None or conn.fd is None or link.poll_fd() is None:
             link.close()
             return
-        conn.ack_link, conn.ack_poll = link, select.poll()
-        conn.ack_poll.register(link.poll_fd(), select.POLLIN)
+        sock = link.detach()
+        if sock is None:  # bytes came ahead of the confirmation: not a client that follows the protocol
+            link.close()
+            return
+        conn.ack_link, conn.ack_poll, conn.ack_rest = sock, select.poll(), b""
+        conn.ack_poll.register(sock, select.POLLIN)
         self._reply(conn, {"id": 0, "op": "acks"})
 
     def _drain_acks(self, conn: _Conn, progress: bool = True) -> None:
         """Apply the acknowledgements waiting on ``conn``'s ack link (all of them: it is never waited on)."""
-        link, ids = conn.ack_link, []
-        if link is None or not (conn.ack_left or conn.ack_poll.poll(0)):
-            return  # nothing came since the last read (a whole message left read ahead is not: ack_left)
+        sock = conn.ack_link
+        if sock is None or not (conn.ack_left or conn.ack_poll.poll(0)):
+            return  # nothing came since the last read (a full read may have left more: ack_left)
+        data = conn.ack_rest  # a record split between two reads is completed by the next
         conn.ack_left = True
-        for _ in range(_ACK_DRAIN):  # bounded: a client that floods it waits its turn
+        for _ in range(_ACK_READS):  # bounded: a client that floods it waits its turn
             try:
-                msg = link.recv_nowait()
-                if msg is None:
-                    conn.ack_left = False
-                    break
-                ids.extend(struct.unpack(f"<{len(msg[1][0]) // 8}q", msg[1][0]))  # item ids, int64 each
-                if len(ids) >= _ACK_DRAIN:
-                    break
-            except Exception:  # closed (the client went: everything it sent has been read) or garbled
-                conn.ack_link = None
-                link.close()
+                got = sock.recv(_ACK_CHUNK)
+            except BlockingIOError:
+                conn.ack_left = False
                 break
-        if ids:
-            self._acked(conn, ids, progress)
-
+            except OSError:
+                got = b""
+            if not got:  # closed (the client went: everything it sent has been read)
+                conn.ack_link = None
+                sock.close()
+                break
+            data += got
+            if len(got) < _ACK_CHUNK:
+                conn.ack_left = False
+                break
+        whole = len(data) - len(data) % 8
+        conn.ack_rest = data[whole:]
+        if whole:
+            self._acked(conn, struct.unpack(f"<{whole // 8}q", data[:whole]), progress)

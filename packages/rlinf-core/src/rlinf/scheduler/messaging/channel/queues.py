@@ -36,6 +36,7 @@ import heapq
 import itertools
 import logging
 import select
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -58,9 +59,10 @@ class _Conn:
         self.link = link
         self.name = name
         self.token = token  # pairs an ack link with this connection
-        self.ack_link: Optional[Link] = None  # the client's acknowledgements, read without waiting (``_drain_acks``)
+        self.ack_link: Optional[socket.socket] = None  # the client's acknowledgements, read without waiting (``_drain_acks``)
         self.ack_poll = None  # whether bytes came on it (``select.poll``)
-        self.ack_left = False  # a drain stopped with whole messages still read ahead
+        self.ack_left = False  # a drain stopped with bytes maybe still there
+        self.ack_rest = b""  # the start of a record split between two reads
         self.alive = True
         self.last_heard = time.monotonic()
         self.fd = getattr(link, "poll_fd", lambda: None)()
