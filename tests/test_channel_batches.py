@@ -209,3 +209,113 @@ def test_an_acknowledgement_split_between_two_reads_counts_once_whole(host):
     assert _get(a, "k") == 3
     _put(p, "k", 4)
     assert _get(b, "k") == 4  # a recall: nothing of a's is left to put back
+
+
+# -- a batch whose connection is held, callbacks, and the interpreter's exit -------------------------------
+def _hold(lock):
+    """Hold ``lock`` from another thread (as a batch being sent there does) until the returned event is set."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    assert held.wait(5)
+    return release, t
+
+
+def test_a_full_batch_on_a_held_connection_is_sent_once_it_frees_and_never_raises(host):
+    """The put that fills a batch sends it; if another send holds the connection past its limit, the put does
+    not raise (its work waits) and the batch goes once the connection is free: never a put that raised and
+    was delivered."""
+    h = host("batch_full_held")
+    p, a = h.client("p"), h.client("a")
+    _unbounded(p)
+    p._send_timeout = 0.3
+    release, t = _hold(p._flush_lock)
+    p._last_push = time.monotonic()
+    futures = [_async_put(p, "k", i) for i in range(BATCH_ITEMS)]  # the last one fills it: waits 0.3 s, no raise
+    assert not any(f.done() for f in futures)
+    release.set()
+    t.join(5)
+    wait_for(lambda: all(f.done() for f in futures), 5, "the batch sent by its own thread")
+    assert all(f.exception() is None for f in futures)
+    assert [_get(a, "k") for _ in range(BATCH_ITEMS)] == list(range(BATCH_ITEMS))
+
+
+def test_a_request_that_cannot_wait_leaves_the_batch_before_it_queued(host):
+    """A request with a short limit behind a held connection raises, but the batch it had to follow is not
+    failed for it: it goes later, with its own puts' send timeout."""
+    h = host("batch_short_limit")
+    p, a = h.client("p"), h.client("a")
+    _unbounded(p)
+    release, t = _hold(p._flush_lock)
+    p._last_push = time.monotonic()
+    futures = [_async_put(p, "k", i) for i in range(3)]
+    from rlinf.scheduler.messaging.channel.protocol import SendTimeout
+
+    with pytest.raises(SendTimeout):
+        p.request({"op": "qsize", "key": "k"}, (), send_timeout=0.2, blocking=True)
+    assert not any(f.done() for f in futures)
+    release.set()
+    t.join(5)
+    wait_for(lambda: all(f.done() for f in futures), 5, "the batch")
+    assert all(f.exception() is None for f in futures)
+    assert [_get(a, "k") for _ in range(3)] == [0, 1, 2]
+
+
+def test_a_batchs_callbacks_run_after_its_send_let_the_connection_go(host):
+    """A callback of a batch's work that makes a blocking call on the same connection does not wait for
+    the batch's own send (the works are settled once the connection is free)."""
+    h = host("batch_callback")
+    p, a = h.client("p"), h.client("a")
+    _unbounded(p)
+    with p._flush_lock:
+        p._last_push = time.monotonic()
+        first = _async_put(p, "k", 0)
+        done = threading.Event()
+
+        def then(_f):
+            _put(p, "k", 1)  # a put from inside the callback, on the same connection
+            done.set()
+
+        first.add_done_callback(then)
+    start = time.monotonic()
+    p.flush_batch(5)
+    assert done.wait(5) and time.monotonic() - start < 1.5
+    assert [_get(a, "k") for _ in range(2)] == [0, 1]
+
+
+_EXITING = """
+import json, sys, time
+sys.path.insert(0, {tests!r})
+from rlinf.scheduler.messaging.channel.client import ChannelClient
+from rlinf.scheduler.transports.cpu_transport import CpuTransport
+from test_channel_trust import _frames
+endpoint = json.loads({endpoint!r})
+link = CpuTransport().connect(endpoint, json.dumps({{"service": "channel", "channel": {name!r}, "client": "exiting",
+                              "token": "t" * 32}}).encode(), time.monotonic() + 10)
+c = ChannelClient({name!r}, "host", link)
+c.unbounded = True  # as after its first put's answer
+futures = [c.push_async({{"op": "put", "key": "k", "weight": 0.0}}, _frames(i), 16) for i in range(40)]
+print(sum(f is not None and not f.done() for f in futures), flush=True)
+"""  # the script ends with puts whose works are not done: they still go
+
+
+def test_async_puts_still_queued_when_a_script_ends_are_delivered(host, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    h = host("batch_exit")
+    a = h.client("a")
+    script = tmp_path / "exiting.py"
+    script.write_text(_EXITING.format(tests=os.path.dirname(__file__), endpoint=json.dumps(h.endpoint), name="batch_exit"))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip() or 0) > 0  # some were still queued at the end
+    assert [_get(a, "k") for _ in range(40)] == list(range(40))

@@ -8,6 +8,7 @@ put whose caller got an error is never delivered.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from typing import Any, Optional
 
 from ..base.errors import CommTimeoutError
@@ -97,16 +98,24 @@ class _BatchedPutWork(AsyncWork):
         self._client = client
 
     def wait(self, timeout: Optional[float] = None) -> Any:
+        client = self._client
         if not self._future.done():
             try:
-                self._client.flush_batch(timeout)
+                client.flush_batch(timeout, final=False)
             except SendTimeout:
-                self._client.withdraw_batch(self._future, CommTimeoutError(
+                client.withdraw_batch(self._future, CommTimeoutError(
                     f"{self._describe} not sent after {timeout} s; it was withdrawn with its batch "
-                    f"(none of them will be delivered)", peer=self._client.host))
+                    f"(none of them will be delivered)", peer=client.host))
         try:
             return super().wait(timeout)
         except TimeoutError:
             if self._future.done():
                 raise
-        return super().wait(self._client.settle_limit)  # bounded: its batch is being sent, its send decides
+        # taken by another thread's send, which ends by its own deadline: wait for its outcome (bounded)
+        end = time.monotonic() + 4 * client.settle_limit
+        while client._dead is None and time.monotonic() < end and not self._future.done():
+            try:
+                return super().wait(1.0)
+            except TimeoutError:
+                continue
+        return super().wait(client.settle_limit)  # failed with its connection by then, at the latest

@@ -38,14 +38,15 @@ class _AckLinks:
         conn.ack_poll.register(sock, select.POLLIN)
         self._reply(conn, {"id": 0, "op": "acks"})
 
-    def _drain_acks(self, conn: _Conn, progress: bool = True) -> None:
-        """Apply the acknowledgements waiting on ``conn``'s ack link (all of them: it is never waited on)."""
+    def _drain_acks(self, conn: _Conn, progress: bool = True, reads: int = 0) -> None:
+        """Apply the acknowledgements waiting on ``conn``'s ack link (all of them: it is never waited on);
+        ``reads``: at most that many reads (``_ACK_READS`` by default; a departed client's, to its end)."""
         sock = conn.ack_link
         if sock is None or not (conn.ack_left or conn.ack_poll.poll(0)):
             return  # nothing came since the last read (a full read may have left more: ack_left)
         data = conn.ack_rest  # a record split between two reads is completed by the next
         conn.ack_left = True
-        for _ in range(_ACK_READS):  # bounded: a client that floods it waits its turn
+        for _ in range(reads or _ACK_READS):  # bounded: a client that floods it waits its turn
             try:
                 got = sock.recv(_ACK_CHUNK)
             except BlockingIOError:

@@ -18,17 +18,24 @@ works of a batch's puts are done once the whole batch has been handed to the
 connection: a put whose work is done happened, as a push does.  A batch
 that could not be sent fails all its works, and none of its items is
 delivered (a message broken midway is not applied, and gives the connection
-up); the connection's failure fails a batch not yet sent.
+up); the connection's failure fails a batch not yet sent.  A batch that
+another message must precede, but which cannot go within that message's own
+limit, stays queued for the thread of its own (it fails only once its own
+send, with the send timeout of its puts, did).  At exit, what is queued goes
+before the interpreter ends.
 """
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import threading
 import time
+import weakref
 from typing import Optional
 
-from ...base.errors import CommTimeoutError, PeerDiedError
+from ...base.errors import CommTimeoutError, CommunicationError, PeerDiedError
+from ...plugins.transport import HeldWithin, LinkBusy
 from .protocol import SendTimeout
 
 #: a push that follows the last one by less than this (seconds) joins a batch
@@ -37,27 +44,53 @@ BATCH_GAP = 200e-6
 BATCH_ITEMS = 64
 #: ... or this many bytes
 BATCH_BYTES = 1 << 18
+#: seconds a batch queued at exit may take to go
+EXIT_LIMIT = 5.0
+
+_batching: "weakref.WeakSet" = weakref.WeakSet()  # clients that made a batch: flushed at exit
 
 
 class _Batch:
-    __slots__ = ("runs", "frames", "count", "nbytes", "future")
+    __slots__ = ("runs", "frames", "count", "nbytes", "futures")
 
     def __init__(self):
         self.runs: list = []  # [key, weight, [frames of each item]]: consecutive items of one key and weight
         self.frames: list = []
         self.count = 0
         self.nbytes = 0
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        #: the futures of its puts' works: one per batch merged into it (see ``_requeue``)
+        self.futures: list = [concurrent.futures.Future()]
 
     def add(self, key: str, weight: float, frames, nbytes: int) -> None:
+        self._run(key, weight).append(len(frames))
+        self.frames.extend(frames)
+        self.count += 1
+        self.nbytes += nbytes
+
+    def _run(self, key: str, weight: float) -> list:
         run = self.runs[-1] if self.runs else None
         if run is None or run[0] != key or run[1] != weight:
             run = [key, weight, []]
             self.runs.append(run)
-        run[2].append(len(frames))
-        self.frames.extend(frames)
-        self.count += 1
-        self.nbytes += nbytes
+        return run[2]
+
+    def extend(self, newer: "_Batch") -> None:
+        """Append the items of ``newer`` (a batch made after this one), and take on its works."""
+        for key, weight, sizes in newer.runs:
+            self._run(key, weight).extend(sizes)
+        self.frames.extend(newer.frames)
+        self.count += newer.count
+        self.nbytes += newer.nbytes
+        self.futures.extend(newer.futures)
+
+    def settle(self, error: Optional[BaseException]) -> None:
+        for f in self.futures:
+            if f.done():
+                continue
+            if error is None:
+                f.set_result(None)
+            else:
+                f.set_exception(error)
 
 
 class _Batches:
@@ -67,7 +100,8 @@ class _Batches:
         self._batch: Optional[_Batch] = None  # the batch filling now
         self._batch_lock = threading.Lock()  # guards _batch
         #: held from taking a batch until it has been sent: a message that must follow it waits for it
-        self._flush_lock = threading.Lock()
+        self._flush_lock = threading.RLock()  # an RLock for ``HeldWithin`` (never taken twice by a thread)
+        self._flushing = False  # a batch is being sent (under _flush_lock)
         self._last_push = 0.0
         self._flusher: Optional[threading.Thread] = None
         self._flush_wake = threading.Event()
@@ -79,7 +113,7 @@ class _Batches:
         now = time.monotonic()
         with self._batch_lock:
             batch = self._batch
-            if batch is None and (now - self._last_push >= BATCH_GAP and not self._flush_lock.locked()):
+            if batch is None and now - self._last_push >= BATCH_GAP and not self._flushing:
                 self._last_push = now
             else:
                 if self._dead is not None:
@@ -89,19 +123,28 @@ class _Batches:
                     batch = self._batch = _Batch()
                 batch.add(ctrl["key"], ctrl["weight"], frames, nbytes)
                 self._last_push = now
-                full = batch.count >= BATCH_ITEMS or batch.nbytes >= BATCH_BYTES
-                if not full:
+                future = batch.futures[0]
+                if batch.count < BATCH_ITEMS and batch.nbytes < BATCH_BYTES:
                     if start:
                         self._wake_flusher()
-                    return batch.future
+                    return future
         if batch is None:
             self.push(ctrl, frames, send_timeout)
             return None
-        self.flush_batch(send_timeout)  # full: sent by the thread that filled it
-        return batch.future
+        try:
+            self.flush_batch(send_timeout, final=False)  # full: the thread that filled it sends it
+        except SendTimeout:  # the connection is held: the thread of its own sends it after that
+            self._wake_flusher()
+        except BaseException:  # interrupted: this put raised, so its batch is not delivered
+            self.withdraw_batch(future, CommunicationError(
+                f"an asynchronous put on channel {self.channel!r} was withdrawn with its batch: an interrupt "
+                f"landed in the put that filled it"))
+            raise
+        return future
 
     def _wake_flusher(self) -> None:
         if self._flusher is None:
+            _batching.add(self)
             self._flusher = threading.Thread(target=self._flush_batches, name=f"rlinf-channel-{self.channel}-batches",
                                              daemon=True)
             self._flusher.start()
@@ -118,50 +161,82 @@ class _Batches:
                 self._flush_wake.set()
         self._fail_batch(self._dead or "closed")
 
-    def flush_batch(self, limit: Optional[float] = None) -> None:
-        """Send the batch filling now, and wait for one being sent (bounded by ``limit``, the send timeout by
-        default); before any message that must follow it.  A batch that cannot be sent fails its works (this
-        does not raise for it); ``SendTimeout`` if another thread's batch held the connection past ``limit``."""
-        if self._batch is None and not self._flush_lock.locked():
+    def flush_batch(self, limit: Optional[float] = None, final: bool = True) -> None:
+        """Send the batch filling now, and wait for one being sent (at most ``limit``, the send timeout by
+        default): before any message that must follow it.
+
+        ``SendTimeout`` if another thread's send held the connection past
+        ``limit``; if its own send then took nothing within ``limit``, the
+        batch fails its works (``final``), or stays queued, ahead of any
+        newer one, and ``SendTimeout`` is raised.  A batch that cannot be
+        sent otherwise fails its works (this does not raise for it).  Works
+        are settled after the lock is released: their callbacks never run
+        while a send of this connection waits on them."""
+        if self._batch is None and not self._flushing:
             return
         limit = self._send_timeout if limit is None else limit
-        if not self._flush_lock.acquire(timeout=limit):
-            raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True)
+        batch, sent, requeued, error = None, False, False, None
         try:
-            with self._batch_lock:
-                batch, self._batch = self._batch, None
-            if batch is None:
-                return
-            ctrl = {"id": 0, "op": "push", "runs": batch.runs}
-            try:
-                self._send_batch(ctrl, batch.frames, limit)
-            except SendTimeout as exc:  # nothing of it was sent
-                batch.future.set_exception(CommTimeoutError(
-                    f"{batch.count} asynchronous put(s) on channel {self.channel!r}: {exc}; they were not delivered",
-                    peer=self.host))
-                return
-            except BaseException as exc:  # the connection was given up (PeerDiedError), or interrupted
-                batch.future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            batch.future.set_result(None)
+            with HeldWithin(self._flush_lock, time.monotonic() + limit, "batch"):
+                self._flushing = True
+                try:
+                    with self._batch_lock:
+                        batch, self._batch = self._batch, None
+                    if batch is None:
+                        return
+                    self._send_batch({"id": 0, "op": "push", "runs": batch.runs}, batch.frames, limit)
+                    sent = True
+                except SendTimeout as exc:  # nothing of it was sent
+                    if not final:
+                        self._requeue(batch)
+                        requeued = True
+                        raise
+                    error = CommTimeoutError(f"{batch.count} asynchronous put(s) on channel {self.channel!r}: {exc}; "
+                                             f"they were not delivered", peer=self.host)
+                except Exception as exc:  # the connection was given up (PeerDiedError): the works carry it
+                    error = exc
+                finally:
+                    self._flushing = False
+        except LinkBusy:
+            raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True) from None
         finally:
-            self._flush_lock.release()
+            if batch is not None and not requeued:  # an interrupt anywhere above fails it: never left pending
+                batch.settle(None if sent else error or CommunicationError(
+                    f"{batch.count} asynchronous put(s) on channel {self.channel!r} were interrupted while sent; "
+                    f"they were not delivered (the connection was given up)"))
+
+    def _requeue(self, batch: _Batch) -> None:
+        """Put a batch that could not go back, ahead of the puts that came since."""
+        with self._batch_lock:
+            newer, self._batch = self._batch, batch
+            if newer is not None:
+                batch.extend(newer)
+        self._flush_wake.set()
 
     def _fail_batch(self, reason: str) -> None:
         with self._batch_lock:
             batch, self._batch = self._batch, None
-        if batch is not None and not batch.future.done():
-            batch.future.set_exception(PeerDiedError(reason, peer=self.host))
+        if batch is not None:
+            batch.settle(PeerDiedError(reason, peer=self.host))
 
     def withdraw_batch(self, future: concurrent.futures.Future, error: Exception) -> bool:
-        """Fail the batch of ``future`` with ``error`` if it is still filling (none of its items will be
-        delivered); False if it was taken to be sent (its send decides)."""
+        """Fail the batch of ``future`` with ``error`` if it has not been taken to be sent (none of its
+        items will be delivered); False if it was (its send decides)."""
         with self._batch_lock:
             batch = self._batch
-            if batch is None or batch.future is not future:
+            if batch is None or future not in batch.futures:
                 return False
             self._batch = None
-        batch.future.set_exception(error)
+        batch.settle(error)
         return True
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Send the batches still queued when the interpreter ends (bounded)."""
+    for client in list(_batching):
+        if client._batch is not None and client._dead is None:
+            try:
+                client.flush_batch(EXIT_LIMIT)
+            except Exception:
+                pass

@@ -100,8 +100,8 @@ class _Sends:
         """What goes before a put or a request: a batch of asynchronous puts (see ``batching``), the
         cancels of abandoned requests (an item put back keeps its place ahead of this message), and fed
         items given back; ``SendTimeout`` if they could not go within ``limit``."""
-        if batch and (self._batch is not None or self._flush_lock.locked()):
-            self.flush_batch(limit)
+        if batch and (self._batch is not None or self._flushing):
+            self.flush_batch(limit, final=False)  # one that cannot go within this message's limit stays queued
         self._send_abandoned(limit)
         if self._returns and not self._send_returns(limit):  # fed items given back go before this message
             raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True)

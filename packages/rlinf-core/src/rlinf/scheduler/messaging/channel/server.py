@@ -223,7 +223,7 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
         if conn not in self._conns:
             return
         self._read_commits(conn)
-        self._drain_acks(conn, progress=False)
+        self._drain_acks(conn, progress=False, reads=1 << 14)  # to its end: 1 GiB of acks at the most
         if conn.ack_link is not None:
             conn.ack_link.close()
             conn.ack_link = None
