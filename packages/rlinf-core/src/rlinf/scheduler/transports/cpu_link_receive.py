@@ -225,6 +225,9 @@ class _Receiving:
     def recv_nowait(self) -> Optional[tuple[bool, list]]:
         """A complete message, or None without waiting or spinning; a message half read is kept for the next call."""
         with self._rlock:
+            if (self._rbroken is None and self._partial is None and self._rend - self._rstart < _HEADER.size
+                    and not self._poll_in.poll(0)):
+                return None  # no whole message buffered, nothing arrived: no read (an empty one costs 10 us)
             spin, self._spin = self._spin, 0.0
             bounded, self._reads_bounded = self._reads_bounded, False  # reads on while bytes are there
             try:

@@ -1,0 +1,41 @@
+"""``RLINF_CHANNEL_SPIN_US``: how long a channel host keeps polling after a client's message before it sleeps.
+
+A real host and a real client in this process (see ``test_channel_trust``);
+the host's loop is the only thread that can burn CPU here once the client
+is quiet, so the process's CPU time tells whether it spun.
+"""
+
+import time
+
+import pytest
+
+from test_channel_feed_order import _put
+from test_channel_trust import host  # noqa: F401 (host: the fixture)
+
+
+def _cpu_after_messages(h, n=5, pause=0.3):
+    p = h.client("p")
+    _put(p, "k", "first")  # connected, and its first put answered
+    start = time.process_time()
+    for i in range(n):
+        _put(p, "k", i)
+        time.sleep(pause)  # the host is idle: it spins, or sleeps
+    return time.process_time() - start
+
+
+@pytest.mark.parametrize("spin", ["0", "1000000"])
+def test_the_host_spins_as_long_as_told_after_a_message(host, monkeypatch, spin):
+    monkeypatch.setenv("RLINF_CHANNEL_SPIN_US", spin)
+    cpu = _cpu_after_messages(host(f"spin_{spin}"))
+    if spin == "0":
+        assert cpu < 0.3, cpu  # 1.5 s of waiting: sleeping in select burns next to nothing
+    else:
+        assert cpu > 0.5, cpu  # up to a second of polling after each message (yielding: others still run)
+
+
+def test_a_spin_that_is_not_a_number_is_refused_by_name(monkeypatch):
+    from rlinf.scheduler.messaging.channel.server import ChannelServer
+
+    monkeypatch.setenv("RLINF_CHANNEL_SPIN_US", "fast")
+    with pytest.raises(ValueError, match="RLINF_CHANNEL_SPIN_US"):
+        ChannelServer("spin_bad", 0)
