@@ -149,6 +149,10 @@ class SocketLink(_Sending, _Receiving, _ReadAhead, Link):
                 self._wlock.release()
         finally:
             self._rlock.release()
+        if self._pool is not None:  # its shared memory goes now (a detached link never sends again)
+            self._pool.close()
+        if self._cache is not None:
+            self._cache.close()
         callbacks, self._on_close = self._on_close, []
         for fn in callbacks:  # the transport forgets it: its close no longer closes this socket
             fn(self)

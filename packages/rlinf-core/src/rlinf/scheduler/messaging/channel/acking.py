@@ -40,6 +40,8 @@ from typing import Callable, Optional
 from ...base.errors import PeerDiedError
 from .protocol import pack
 
+_ONE = struct.Struct("<q")  # one acknowledgement: an item id
+
 
 class _Acks:
     """The acknowledging side of ``ChannelClient`` (uses its links, send timeout and failure handling)."""
@@ -65,14 +67,14 @@ class _Acks:
         the main connection for the send timeout, it is queued and rides on
         the next message instead.
         """
-        acks = self._take_acks()
+        acks = self._take_acks() if self._acks else []
         acks.append(rid)
         if self._dead is not None:
             raise PeerDiedError(self._dead, peer=self.host)
         quiet = self._ack_link
         try:
             if quiet is not None:
-                self._write_acks(quiet, struct.pack(f"<{len(acks)}q", *acks))
+                self._write_acks(quiet, _ONE.pack(rid) if len(acks) == 1 else struct.pack(f"<{len(acks)}q", *acks))
                 self._acked_quietly = True
             else:
                 self._send([pack({"id": 0, "op": "ack", "ids": acks})], self._send_timeout)
@@ -92,13 +94,9 @@ class _Acks:
         with self._ack_write_lock:  # the records of two threads must not interleave
             view, deadline = memoryview(data), None
             while True:
-                try:
-                    sent = sock.send(view)
-                except BlockingIOError:
-                    sent = 0
-                if sent == len(view):
+                view = view[_send_some(sock, view):]
+                if not view:
                     return
-                view = view[sent:]
                 deadline = deadline or time.monotonic() + self._send_timeout
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -160,3 +158,11 @@ class _Acks:
         may hold the feed back with a window it thinks full; ``more`` makes it read the acks and refill."""
         if self._acked_quietly:
             self._send_one_way({"id": 0, "op": "more", "key": key})
+
+
+def _send_some(sock, data) -> int:
+    """Bytes of ``data`` a non-blocking socket took now (0 when its buffer is full)."""
+    try:
+        return sock.send(data)
+    except BlockingIOError:
+        return 0

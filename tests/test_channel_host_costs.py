@@ -1,14 +1,19 @@
-"""``RLINF_CHANNEL_SPIN_US``: how long a channel host keeps polling after a client's message before it sleeps.
+"""What a channel host spends besides the work itself: its spin after a message, and garbage collection.
 
-A real host and a real client in this process (see ``test_channel_trust``);
-the host's loop is the only thread that can burn CPU here once the client
-is quiet, so the process's CPU time tells whether it spun.
+A real host and real clients in this process (see ``test_channel_trust``).
+``RLINF_CHANNEL_SPIN_US``: how long the host keeps polling after a client's
+message before it sleeps; the host's loop is the only thread that can burn
+CPU here once the client is quiet, so the process's CPU time tells whether
+it spun.  Queued items hold nothing the garbage collector tracks, so a host
+with many items queued does not scan them at every collection.
 """
 
+import gc
 import time
 
 import pytest
 
+from p2p_helpers import wait_for
 from test_channel_feed_order import _put
 from test_channel_trust import host  # noqa: F401 (host: the fixture)
 
@@ -39,3 +44,18 @@ def test_a_spin_that_is_not_a_number_is_refused_by_name(monkeypatch):
     monkeypatch.setenv("RLINF_CHANNEL_SPIN_US", "fast")
     with pytest.raises(ValueError, match="RLINF_CHANNEL_SPIN_US"):
         ChannelServer("spin_bad", 0)
+
+
+def test_queued_items_are_not_scanned_by_the_garbage_collector(host):
+    h = host("gc_items")
+    p = h.client("p")
+    for i in range(20):
+        _put(p, "k", {"step": i, "obs": list(range(10))})
+    wait_for(lambda: h.server._ask(lambda: len(h.server._queues["k"].items)) == 20, 5, "the pushes read")
+    for _ in range(2):  # a collection untracks a tuple all of whose members it found untracked (inner first)
+        gc.collect()
+
+    def tracked():
+        return sum(gc.is_tracked(item) or gc.is_tracked(item[0]) for item in h.server._queues["k"].items)
+
+    assert h.server._ask(tracked) == 0
