@@ -149,8 +149,9 @@ def test_a_malformed_batch_is_refused_whole(host):
                  [["k", 0.0, [2, 1]]],  # sizes that do not add up to its frames
                  [["k", 0.0, [0, 4]]]):  # an item of no frame
         p._send([pack({"id": 0, "op": "push", "runs": runs}), *frames], 5)
-    _put(p, "k", "after")  # read after them: the host has handled the three
-    assert _state(h, "k")["items"] == 1
+    _put(p, "k", "after")
+    _, fut = p.request({"op": "qsize", "key": "k"}, (), blocking=True)  # answered once all before it were read
+    assert p.wait_reply(fut, 5)[0]["value"] == 1
     assert _get(a, "k") == "after"
 
 

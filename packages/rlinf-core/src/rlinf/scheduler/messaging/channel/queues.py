@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+from .blocks import _own
 from .keys import show_key
 
 if TYPE_CHECKING:
@@ -233,6 +234,29 @@ class _KeyQueues:
         if granted:
             ctrl["feed"], ctrl["key"] = True, w.key
         self._reply(w.conn, ctrl, frames)
+
+    def _push(self, ctrl: dict, item: list) -> None:
+        """Append a pushed put (one-way, only to a host without maxsize: it always has room) and serve its
+        key; or the puts of a batch (``runs``: ``[key, weight, [frames of each item]]``, in order)."""
+        runs = ctrl.get("runs")
+        if runs is None:
+            return self._append(str(ctrl.get("key", "default_queue")), float(ctrl.get("weight", 0)), item)
+        runs = [(str(key), float(weight), [int(n) for n in sizes]) for key, weight, sizes in runs]  # all or none
+        if sum(sum(sizes) for _k, _w, sizes in runs) != len(item) or any(n < 1 for _k, _w, s in runs for n in s):
+            raise ValueError("a batch of pushes whose sizes do not match its frames")
+        pos = 0
+        for key, weight, sizes in runs:
+            for n in sizes:
+                self._append(key, weight, item[pos:pos + n])
+                pos += n
+
+    def _append(self, key: str, weight: float, item: list) -> None:
+        q = self._queues.get(key) or self._queues.setdefault(key, _Queue())
+        q.items.append((_own(item, self._blocks), weight, next(self._item_seq)))
+        if q.feed is not None and not q.getters:
+            self._feed_later.add(key)  # fed at the end of this turn: the pushes read with it go in the same message
+        else:
+            self._progress(key)
 
     # -- feeds (see the module docstring) ------------------------------------------------
     def _grant_feed(self, q: _Queue, w: _Waiter) -> bool:

@@ -320,29 +320,6 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
             self._push(ctrl, frames[1:])
         return True
 
-    def _push(self, ctrl: dict, item: list) -> None:
-        """Append a pushed put (one-way, only to a host without maxsize: it always has room) and serve its
-        key; or the puts of a batch (``runs``: ``[key, weight, [frames of each item]]``, in order)."""
-        runs = ctrl.get("runs")
-        if runs is None:
-            return self._append(str(ctrl.get("key", "default_queue")), float(ctrl.get("weight", 0)), item)
-        runs = [(str(key), float(weight), [int(n) for n in sizes]) for key, weight, sizes in runs]  # all or none
-        if sum(sum(sizes) for _k, _w, sizes in runs) != len(item) or any(n < 1 for _k, _w, s in runs for n in s):
-            raise ValueError("a batch of pushes whose sizes do not match its frames")
-        pos = 0
-        for key, weight, sizes in runs:
-            for n in sizes:
-                self._append(key, weight, item[pos:pos + n])
-                pos += n
-
-    def _append(self, key: str, weight: float, item: list) -> None:
-        q = self._queues.get(key) or self._queues.setdefault(key, _Queue())
-        q.items.append((_own(item, self._blocks), weight, next(self._item_seq)))
-        if q.feed is not None and not q.getters:
-            self._feed_later.add(key)  # fed at the end of this turn: the pushes read with it go in the same message
-        else:
-            self._progress(key)
-
     def _acked(self, conn: _Conn, ids, progress: bool = True) -> None:
         fed: set = set()
         for i in ids:
