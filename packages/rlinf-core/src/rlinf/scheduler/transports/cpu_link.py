@@ -131,7 +131,9 @@ class SocketLink(_Sending, _Receiving, _ReadAhead, Link):
 
     def detach(self) -> Optional[socket.socket]:
         """See ``Link.detach``: not for a link read by a read-ahead thread, nor one with bytes or
-        descriptors read past the last message; waits for another thread's send (a second at most)."""
+        descriptors read past the last message; waits for another thread's send (a second at most).
+        Its caller has no send of its own under way on the link (a send copies into shared memory
+        before it takes the lock detach waits on, and that memory goes here)."""
         if self._ahead_cond is not None or not self._rlock.acquire(timeout=1.0):
             return None
         try:

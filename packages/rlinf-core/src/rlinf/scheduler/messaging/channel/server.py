@@ -87,6 +87,7 @@ _READ_BURST = 32
 #: it sleeps (a reply or the next request often comes within it, and a sleeping host costs every message
 #: a wake-up); 0: never
 SPIN_ENV, DEFAULT_SPIN_US = "RLINF_CHANNEL_SPIN_US", 200.0
+_NO_SPIN = ("ping", "ack", "bye")  # messages that no other follows soon
 #: seconds between checks for silent and congested connections
 _CHECK_EVERY = 0.25
 #: seconds a dropped connection read by a thread of its own waits for that thread's last messages
@@ -489,7 +490,6 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
                 self._apply_commits(conn, frames)
             return
         conn.last_heard = time.monotonic()
-        self._spin_until = conn.last_heard + self._spin
         self._messages += 1
         if conn.ack_link is not None:
             self._drain_acks(conn)  # acknowledged before this message was sent
@@ -501,6 +501,8 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
                 if len(self._pushes) >= 1024:                                              # a key repeat their control
                     self._pushes.clear()
                 self._pushes[head] = ctrl  # read only, never changed
+            if conn.fd is not None and ctrl.get("op") not in _NO_SPIN:  # the loop reads it: the next one saves a wake-up
+                self._spin_until = conn.last_heard + self._spin
             self._handle(conn, ctrl, frames[1:])
         except Exception as exc:
             self._reply(conn, {"id": ctrl.get("id", -1), "error": "ChannelError",
