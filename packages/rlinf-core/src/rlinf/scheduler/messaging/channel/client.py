@@ -368,10 +368,14 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds):
                 self.fail(f"the host of channel {self.channel!r} ({self.host}) has not answered for {now - heard:.1f} s "
                           f"(heartbeats every {self._beat:g} s); its process may have died or hung")
                 return
-            if now >= next_beat and self._send_one_way({"id": 0, "op": "ping"}, when_idle=True):
-                next_beat = now + self._beat  # else another send is under way: the next tick tries again
-                self._ping_out = True
-                self._nudge()
+            if now >= next_beat:
+                # awaited before it goes: its pong may be read (by another thread) before the send returns
+                out, self._ping_out = self._ping_out, True
+                if self._send_one_way({"id": 0, "op": "ping"}, when_idle=True):
+                    next_beat = now + self._beat
+                    self._nudge()
+                else:  # another send is under way: the next tick tries again
+                    self._ping_out = out
             if self._handing_since is not None:
                 self._read_for_a_tick()
             self._tend_feeds()

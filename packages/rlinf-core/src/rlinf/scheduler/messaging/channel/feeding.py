@@ -137,7 +137,8 @@ class _Feeds:
                 finally:
                     self._release()
                 continue
-            with self._fed_cond:  # another thread reads: it wakes us when it routes an item or stops reading
+            self._say_more(key)  # another thread reads: the host must still hear that our window is free
+            with self._fed_cond:  # the reader wakes us when it routes an item or stops reading
                 if self._feeds.get(key) is feed and not feed.buffer and self._dead is None:
                     self._fed_waiting += 1
                     try:
