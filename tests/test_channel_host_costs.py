@@ -39,6 +39,16 @@ def test_the_host_spins_as_long_as_told_after_a_message(host, monkeypatch):
     assert cpu["0"] < cpu["1000000"] / 3, cpu
 
 
+def test_by_default_the_host_spins_only_where_it_has_cpus_to_spare(host, monkeypatch):
+    import os
+
+    from rlinf.scheduler.messaging.channel.server import DEFAULT_SPIN_US, SPIN_MIN_CPUS
+
+    monkeypatch.delenv("RLINF_CHANNEL_SPIN_US", raising=False)
+    cpus = len(os.sched_getaffinity(0))
+    assert host("spin_default").server._spin == (DEFAULT_SPIN_US / 1e6 if cpus >= SPIN_MIN_CPUS else 0.0)
+
+
 def test_a_spin_that_is_not_a_number_is_refused_by_name(monkeypatch):
     from rlinf.scheduler.messaging.channel.server import ChannelServer
 
