@@ -9,6 +9,7 @@ socket only when no byte was read ahead, and the host reads acknowledgement
 records split between two reads.
 """
 
+import contextlib
 import socket
 import struct
 import threading
@@ -44,10 +45,24 @@ def _messages(h):
     return h.server._ask(lambda: h.server._messages)
 
 
-def test_a_burst_of_async_puts_goes_in_a_few_messages_in_order(host):
-    h = host("batch_burst")
+def _pair(host, name):
+    """A host, a producer ``p`` whose puts go as pushes, and a consumer ``a``."""
+    h = host(name)
     p, a = h.client("p"), h.client("a")
     _unbounded(p)
+    return h, p, a
+
+
+@contextlib.contextmanager
+def _held_batch(p):
+    """The puts made inside join one batch that stays unsent (its thread cannot take the connection)."""
+    with p._flush_lock:
+        p._last_push = time.monotonic()
+        yield
+
+
+def test_a_burst_of_async_puts_goes_in_a_few_messages_in_order(host):
+    h, p, a = _pair(host, "batch_burst")
     before = _messages(h)
     futures = [_async_put(p, "k", i) for i in range(500)]
     for f in futures:
@@ -62,17 +77,13 @@ def test_a_burst_of_async_puts_goes_in_a_few_messages_in_order(host):
 
 def test_what_follows_a_batch_follows_it_on_the_wire(host):
     """A batch still filling goes before the next put or request of its connection, in any thread."""
-    h = host("batch_follow")
-    p, a = h.client("p"), h.client("a")
-    _unbounded(p)
-    with p._flush_lock:  # the flusher thread cannot send it: only what follows can
-        p._last_push = time.monotonic()
+    h, p, a = _pair(host, "batch_follow")
+    with _held_batch(p):  # the flusher thread cannot send it: only what follows can
         futures = [_async_put(p, "k", i) for i in range(5)]
         assert all(f is not None and not f.done() for f in futures)
     _put(p, "k", 5)  # the next put: the batch goes first
     assert all(f.done() and f.exception() is None for f in futures)
-    with p._flush_lock:
-        p._last_push = time.monotonic()
+    with _held_batch(p):
         late = _async_put(p, "k", 6)
     _, fut = p.request({"op": "qsize", "key": "k"}, (), blocking=True)  # any request
     assert p.wait_reply(fut, 5)[0]["value"] == 7 and late.done()
@@ -80,11 +91,8 @@ def test_what_follows_a_batch_follows_it_on_the_wire(host):
 
 
 def test_one_batch_carries_keys_and_weights_as_they_were_put(host):
-    h = host("batch_runs")
-    p, a = h.client("p"), h.client("a")
-    _unbounded(p)
-    with p._flush_lock:
-        p._last_push = time.monotonic()
+    h, p, a = _pair(host, "batch_runs")
+    with _held_batch(p):
         futures = [_async_put(p, "xy"[i % 2], i, weight=float(i % 3 + 1)) for i in range(9)]
     p.flush_batch(5)
     assert all(f.done() for f in futures)
@@ -96,11 +104,8 @@ def test_one_batch_carries_keys_and_weights_as_they_were_put(host):
 
 
 def test_a_batch_that_cannot_be_sent_fails_its_works_and_delivers_nothing(host):
-    h = host("batch_lost")
-    p, a = h.client("p"), h.client("a")
-    _unbounded(p)
-    with p._flush_lock:
-        p._last_push = time.monotonic()
+    h, p, a = _pair(host, "batch_lost")
+    with _held_batch(p):
         futures = [_async_put(p, "k", i) for i in range(3)]
         p.fail("the test ended this connection")
     for f in futures:
@@ -112,19 +117,8 @@ def test_a_batch_that_cannot_be_sent_fails_its_works_and_delivers_nothing(host):
 def test_a_wait_that_runs_out_withdraws_a_batch_that_has_not_gone(host):
     """Another thread holds the connection (its batch being sent) past the wait's timeout: the waited
     batch is withdrawn, its puts raise, and none of them is ever delivered."""
-    h = host("batch_withdrawn")
-    p, a = h.client("p"), h.client("a")
-    _unbounded(p)
-    held, release = threading.Event(), threading.Event()
-
-    def hold():
-        with p._flush_lock:
-            held.set()
-            release.wait(10)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    held.wait(5)
+    h, p, a = _pair(host, "batch_withdrawn")
+    release, t = _hold(p._flush_lock)
     p._last_push = time.monotonic()
     futures = [_async_put(p, "k", i) for i in range(2)]
     work = _BatchedPutWork(futures[0], "put on channel 'batch_withdrawn'", p)
@@ -141,9 +135,7 @@ def test_a_wait_that_runs_out_withdraws_a_batch_that_has_not_gone(host):
 
 
 def test_a_malformed_batch_is_refused_whole(host):
-    h = host("batch_malformed")
-    p, a = h.client("p"), h.client("a")
-    _unbounded(p)
+    h, p, a = _pair(host, "batch_malformed")
     frames = _frames(0) + _frames(1)
     for runs in ([["k", 0.0, [2]], ["k", "heavy", [2]]],  # a weight that is not a number, in its second run
                  [["k", 0.0, [2, 1]]],  # sizes that do not add up to its frames
@@ -232,9 +224,7 @@ def test_a_full_batch_on_a_held_connection_is_sent_once_it_frees_and_never_raise
     """The put that fills a batch sends it; if another send holds the connection past its limit, the put does
     not raise (its work waits) and the batch goes once the connection is free: never a put that raised and
     was delivered."""
-    h = host("batch_full_held")
-    p, a = h.client("p"), h.client("a")
-    _unbounded(p)
+    h, p, a = _pair(host, "batch_full_held")
     p._send_timeout = 0.3
     release, t = _hold(p._flush_lock)
     p._last_push = time.monotonic()
@@ -250,9 +240,7 @@ def test_a_full_batch_on_a_held_connection_is_sent_once_it_frees_and_never_raise
 def test_a_request_that_cannot_wait_leaves_the_batch_before_it_queued(host):
     """A request with a short limit behind a held connection raises, but the batch it had to follow is not
     failed for it: it goes later, with its own puts' send timeout."""
-    h = host("batch_short_limit")
-    p, a = h.client("p"), h.client("a")
-    _unbounded(p)
+    h, p, a = _pair(host, "batch_short_limit")
     release, t = _hold(p._flush_lock)
     p._last_push = time.monotonic()
     futures = [_async_put(p, "k", i) for i in range(3)]
@@ -271,11 +259,8 @@ def test_a_request_that_cannot_wait_leaves_the_batch_before_it_queued(host):
 def test_a_batchs_callbacks_run_after_its_send_let_the_connection_go(host):
     """A callback of a batch's work that makes a blocking call on the same connection does not wait for
     the batch's own send (the works are settled once the connection is free)."""
-    h = host("batch_callback")
-    p, a = h.client("p"), h.client("a")
-    _unbounded(p)
-    with p._flush_lock:
-        p._last_push = time.monotonic()
+    h, p, a = _pair(host, "batch_callback")
+    with _held_batch(p):
         first = _async_put(p, "k", 0)
         done = threading.Event()
 
