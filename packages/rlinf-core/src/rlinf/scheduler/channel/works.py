@@ -8,7 +8,6 @@ put whose caller got an error is never delivered.
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from typing import Any, Optional
 
 from ..base.errors import CommTimeoutError
@@ -111,11 +110,6 @@ class _BatchedPutWork(AsyncWork):
         except TimeoutError:
             if self._future.done():
                 raise
-        # taken by another thread's send, which ends by its own deadline: wait for its outcome (bounded)
-        end = time.monotonic() + 4 * client.settle_limit
-        while client._dead is None and time.monotonic() < end and not self._future.done():
-            try:
-                return super().wait(1.0)
-            except TimeoutError:
-                continue
-        return super().wait(client.settle_limit)  # failed with its connection by then, at the latest
+        # taken by another thread's send, which settles it when it ends (by its own deadline, or when the
+        # connection fails): its outcome is this wait's (bounded)
+        return super().wait(5 * client.settle_limit)

@@ -31,7 +31,7 @@ class _AckLinks:
             link.close()
             return
         sock = link.detach()
-        if sock is None:  # bytes came ahead of the confirmation: not a client that follows the protocol
+        if sock is None:  # the link would not hand its socket over: acks stay on the main connection
             link.close()
             return
         conn.ack_link, conn.ack_poll, conn.ack_rest = sock, select.poll(), b""
