@@ -496,11 +496,14 @@ def _take_fed(client: ChannelClient, ctrl: dict, timeout: Optional[float], what:
             try:
                 client.ack(rid)  # before the user has it, as for any get
             except BaseException:
-                client.give_back(key, rid)
+                client.give_back(key, rid, frames)
                 raise
             return codec.decode(frames[0], frames[1:])
     if not nowait:
         ctrl["feed"] = FEED_WINDOW
+        direct = client._direct_offer()
+        if direct:
+            ctrl["direct"] = direct  # producers may send here straight (see ``messaging.channel.routes``)
     return _NOT_FED
 
 

@@ -15,6 +15,7 @@ import select
 import struct
 
 from ...plugins.transport import Link
+from .protocol import DIRECT_BASE
 from .queues import _Conn
 
 #: bytes of a client's ack link read at once (8 per item it hands out), and reads of it in one drain
@@ -22,7 +23,7 @@ _ACK_CHUNK, _ACK_READS = 1 << 16, 16
 
 
 class _AckLinks:
-    """Pairing and reading ack links (uses the server's connections and ``_acked``)."""
+    """Pairing and reading ack links, and applying acknowledgements (uses the server's connections and queues)."""
 
     def _attach_acks(self, link: Link, token: str) -> None:
         """A client's ack link (see ``acking``): read without waiting, and confirmed on its main connection."""
@@ -66,3 +67,28 @@ class _AckLinks:
         conn.ack_rest = data[whole:]
         if whole:
             self._acked(conn, struct.unpack(f"<{whole // 8}q", data[:whole]), progress)
+
+    def _acked(self, conn: _Conn, ids, progress: bool = True) -> None:
+        """Forget the items of these replies, fed items and direct items (see ``routes``): their client
+        handed them to its user."""
+        fed: set = set()
+        for i in ids:
+            if i >= DIRECT_BASE:
+                key = self._acked_direct(conn, i)
+                if key is not None:
+                    fed.add(key)
+                continue
+            entry = conn.inflight.pop(i, None)
+            if entry is not None:
+                for item in entry[1]:
+                    self._blocks.give_back(item[0])
+                if i < 0 and self._unfeed(conn, i) is not None:
+                    fed.add(entry[0])
+        if not progress:  # the caller is in the middle of something: the loop serves these keys after it
+            self._feed_later.update(fed)
+            return
+        for key in fed:
+            q = self._queues.get(key)
+            # its window has room again, or the last item of a recalled feed is settled: gets held for it go on
+            if q is not None and (q.feed is not None or (not q.fed and q.getters)):
+                self._progress(key)

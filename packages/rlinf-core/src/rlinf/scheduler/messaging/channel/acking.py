@@ -38,7 +38,7 @@ import time
 from typing import Callable, Optional
 
 from ...base.errors import PeerDiedError
-from .protocol import pack
+from .protocol import DIRECT_BASE, pack
 
 _ONE = struct.Struct("<q")  # one acknowledgement: an item id
 
@@ -71,11 +71,14 @@ class _Acks:
         acks.append(rid)
         if self._dead is not None:
             raise PeerDiedError(self._dead, peer=self.host)
+        if rid >= DIRECT_BASE:
+            self._took_direct(rid)  # its producer may send another (see ``direct_in``)
         quiet = self._ack_link
         try:
             if quiet is not None:
                 self._write_acks(quiet, _ONE.pack(rid) if len(acks) == 1 else struct.pack(f"<{len(acks)}q", *acks))
-                self._acked_quietly = True
+                if rid < DIRECT_BASE or len(acks) > 1:  # a direct item takes no room in the host's window
+                    self._acked_quietly = True
             else:
                 self._send([pack({"id": 0, "op": "ack", "ids": acks})], self._send_timeout)
         except BaseException as exc:
@@ -114,11 +117,14 @@ class _Acks:
                 return acks
 
     def _offer_ack_link(self) -> None:
-        """Heartbeat thread: open the ack link once the connection is fed ahead (the host confirms it), on
-        a thread of its own (a handshake may take long; the heartbeat must not wait for it)."""
+        """Open the ack link once the connection is fed ahead (the host confirms it), on a thread of its own
+        (a handshake may take long; the reader that routed the feed, or the heartbeat, must not wait for it)."""
         if self._dial_acks is None or self._ack_offered is not None or not self._feeds:
             return
-        dial, self._dial_acks = self._dial_acks, None  # one try per connection
+        with self._lock:
+            dial, self._dial_acks = self._dial_acks, None  # one try per connection (two threads may look)
+        if dial is None:
+            return
         threading.Thread(target=self._dial_ack_link, args=(dial,), name=f"rlinf-channel-{self.channel}-acks",
                          daemon=True).start()
 

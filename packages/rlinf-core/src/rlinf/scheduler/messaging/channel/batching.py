@@ -110,6 +110,8 @@ class _Batches:
                    ) -> Optional[concurrent.futures.Future]:
         """An asynchronous put to a host without maxsize: None if it was pushed now (it happened), else the
         future of the batch it joined (done once the batch was sent)."""
+        if self._out_routes and self.put_direct(ctrl, frames, nbytes, self._send_timeout if send_timeout is None else send_timeout):
+            return None  # went straight to the consumer (see ``direct_out``)
         now = time.monotonic()
         with self._batch_lock:
             batch = self._batch

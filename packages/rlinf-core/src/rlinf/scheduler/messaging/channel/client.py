@@ -63,10 +63,12 @@ from .commits import BURST, _Commits, _Reply, _settle, _settle_decided
 from .acking import _Acks
 from .feeding import _Feeds
 from .batching import _Batches
+from .direct_in import _DirectIn
+from .direct_out import _DirectOut, dialer
 from .sending import _Sends
 from .protocol import DEAD_AFTER_BEATS, REPLY_GRACE, control, heartbeat_interval, send_timeout
 
-class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds):
+class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds, _DirectIn, _DirectOut):
     def __init__(self, channel: str, host: str, link: Link):
         self.channel = channel
         self.host = host
@@ -107,6 +109,8 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds):
         self._init_acks()
         self._init_feeds()
         self._init_batches()
+        self._init_direct_in()
+        self._init_direct_out()
         threading.Thread(target=self._read_replies, name=f"rlinf-channel-{channel}-replies", daemon=True).start()
         threading.Thread(target=self._heartbeat, name=f"rlinf-channel-{channel}-heartbeat", daemon=True).start()
 
@@ -124,7 +128,8 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds):
                                      f"(it offers {sorted(record.endpoints)})", peer=host_name)
         transport = _client_transport(entry)
         token = uuid.uuid4().hex  # pairs the ack link (see ``acking``) with this connection
-        hello = {"service": "channel", "channel": channel, "client": f"{os.getpid()}-{token[:6]}", "token": token}
+        hello = {"service": "channel", "channel": channel, "client": f"{os.getpid()}-{token[:6]}", "token": token,
+                 "direct": True}
         from ..p2p.communicator import Communicator
 
         def dial(hello: dict):
@@ -133,6 +138,7 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds):
         client = cls(channel, host_name, dial(hello))
         if client._bursts:
             client._dial_acks = lambda: dial({"service": "channel", "channel": channel, "acks_for": token})
+            client._dial_direct = dialer((entry.name, transport), Communicator._connect)
         return client
 
     # -- reading ------------------------------------------------------------------------
@@ -158,7 +164,15 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds):
         state = [False, False]  # the batch's commit sent, the batch settled
         try:
             try:
-                if deadline is None:
+                if self._in_routes:  # the routes' links are read with the connection (see ``direct_in``)
+                    msg = self._wait_links(deadline) if deadline is not None else (
+                        self._read_direct(), self._link.recv_nowait())[1]
+                    if msg is None:
+                        if self._returns:
+                            self._send_returns(when_idle=True)  # direct items of an ended feed go back
+                        return True
+                    frames = msg[1]
+                elif deadline is None:
                     msg = self._link.recv_nowait() if self._bursts else None
                     if msg is None:
                         return True
@@ -199,7 +213,15 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds):
         self._last_heard = time.monotonic()
         rid = ctrl.get("id", 0)
         if not rid:
-            if "key" in ctrl:
+            op = ctrl.get("op")
+            if op in ("route", "unroute"):
+                self._route_offer(ctrl)  # a route for this producer (see ``direct_out``)
+            elif op == "go":
+                self._route_go(ctrl)  # a route to this consumer (see ``direct_in``)
+            elif op == "route_end":
+                with self._fed_cond:
+                    self._route_end(ctrl)
+            elif "key" in ctrl:
                 self._route_feed(ctrl, frames[1:])  # items fed ahead, or a recall
             elif ctrl.get("op") == "acks":
                 self._ack_link_confirmed()
@@ -380,6 +402,8 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds):
                 self._read_for_a_tick()
             self._tend_feeds()
             self._offer_ack_link()
+            if self._copies or self._ending:
+                self._end_routes_out(when_idle=True)
 
     def _read_for_a_tick(self) -> None:
         """Read for one heartbeat tick while a callback runs and no one else reads.
@@ -410,6 +434,8 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds):
         except Exception:
             pass
         self._close_ack_link()
+        self._close_routes_in()
+        self._close_routes_out()
         self._fail_all(reason)
         with self._fed_cond:
             self._feeds.clear()

@@ -25,6 +25,7 @@ import time
 from typing import Optional
 
 from ...base.errors import PeerDiedError
+from .protocol import DIRECT_BASE
 
 #: the most items a feed holds ahead (the host may hold it to fewer, and to about 1 MiB per message)
 FEED_WINDOW = 32
@@ -33,11 +34,15 @@ FEED_IDLE = 5.0
 
 
 class _Feed:
-    __slots__ = ("buffer", "used")
+    __slots__ = ("buffer", "used", "blocker", "held")
 
     def __init__(self):
         self.buffer: collections.deque = collections.deque()  # (item id, frames), oldest first
         self.used = time.monotonic()
+        #: (a direct route, its last item): fed items that came after its end wait (``held``) until it has
+        #: delivered that one (see ``direct_in``)
+        self.blocker: Optional[tuple] = None
+        self.held: list = []
 
 
 class _Feeds:
@@ -47,8 +52,9 @@ class _Feeds:
         self._feeds: dict[str, _Feed] = {}
         self._fed_cond = threading.Condition(threading.Lock())
         self._fed_waiting = 0
-        #: (key, ids, end) to send: after the read burst that made them, before any later message, or on a
-        #: heartbeat tick; one that cannot go now stays queued (never dropped: its items would stay in flight)
+        #: (control, frames) to send (returns, and what direct routes tell the host): after the read burst
+        #: that made them, before any later message, or on a heartbeat tick; one that cannot go now stays
+        #: queued (never dropped: its items would stay in flight)
         self._returns: collections.deque = collections.deque()
         self._returns_lock = threading.Lock()  # held across taking a return, sending it and keeping it if it failed
         self._fed_until = 0.0  # until then fed items of an ended feed may still come: the heartbeat reads
@@ -60,21 +66,22 @@ class _Feeds:
             feed = self._feeds.get(key)
             if op == "fed":
                 if feed is None:  # it ended here while these were on their way: they go back
-                    self._returns.append((key, list(ctrl["ids"]), False))
+                    self._queue_return(key, [(rid, None) for rid in ctrl["ids"]], False)
                     return
-                pos = 0
+                pos, into = 0, feed.held if feed.blocker is not None else feed.buffer
                 for rid, n in zip(ctrl["ids"], ctrl["sizes"]):
-                    feed.buffer.append((rid, frames[pos:pos + n]))
+                    into.append((rid, frames[pos:pos + n]))
                     pos += n
             elif op == "recall":
                 if feed is None:
                     return
                 del self._feeds[key]
                 self._fed_until = time.monotonic() + FEED_IDLE
-                if feed.buffer:
-                    self._returns.append((key, [rid for rid, _ in feed.buffer], False))
+                if feed.buffer or feed.held:
+                    self._queue_return(key, [*feed.buffer, *feed.held], False)
             elif feed is None:
                 self._feeds[key] = _Feed()
+                self._offer_ack_link()  # now, not on the next heartbeat tick: acks wake no one from then on
             if self._fed_waiting:
                 self._fed_cond.notify_all()
 
@@ -86,9 +93,8 @@ class _Feeds:
             return False
         try:
             while self._returns:
-                key, ids, end = self._returns[0]
-                if not self._send_one_way({"id": 0, "op": "return", "key": key, "ids": ids, "end": end}, limit,
-                                          when_idle):
+                ctrl, frames = self._returns[0]
+                if not self._send_one_way(ctrl, limit, when_idle, frames):
                     return False  # kept, in order, for the next message or tick
                 self._returns.popleft()
             return True
@@ -153,8 +159,22 @@ class _Feeds:
             if feed is None:
                 return
             self._fed_until = time.monotonic() + FEED_IDLE
-            self._returns.append((key, [rid for rid, _ in feed.buffer], True))
+            self._queue_return(key, [*feed.buffer, *feed.held], True)
         self._send_returns(when_idle=when_idle)
+
+    def _queue_return(self, key: str, items: list, end: bool) -> None:
+        """Queue the return of fed items ``(id, frames)`` the user did not get: by id, and direct ones
+        (see ``direct_in``) with their bytes, which only this process may still have."""
+        direct = [(rid, frames) for rid, frames in items if rid >= DIRECT_BASE]
+        if direct:
+            weights = [self._direct_weights.pop(rid, 0.0) for rid, _ in direct]
+            self._returns.append(({"id": 0, "op": "dreturn", "key": key, "ids": [rid for rid, _ in direct],
+                                   "w": weights, "sizes": [len(f) for _, f in direct]},
+                                  [f for _, frames in direct for f in frames]))
+            self._credit(direct)
+        if end or len(direct) < len(items):
+            self._returns.append(({"id": 0, "op": "return", "key": key, "ids": [rid for rid, _ in items if rid < DIRECT_BASE],
+                                   "end": end}, ()))
 
     def _unpop(self, key: str, feed: _Feed, got: tuple) -> None:
         """Put an item taken from the buffer back: at its head if the feed goes on, else to the host."""
@@ -162,11 +182,11 @@ class _Feeds:
             if self._feeds.get(key) is feed:
                 feed.buffer.appendleft(got)
                 return
-        self.give_back(key, got[0])
+        self.give_back(key, *got)
 
-    def give_back(self, key: str, rid: int) -> None:
+    def give_back(self, key: str, rid: int, frames) -> None:
         """Return one fed item taken from the buffer and not handed out (its take was interrupted)."""
-        self._returns.append((key, [rid], False))
+        self._queue_return(key, [(rid, frames)], False)
         self._send_returns(when_idle=True)  # else with the next message or tick
 
     def _wake_fed(self) -> None:

@@ -74,6 +74,7 @@ reply has been read, so a lone put is no slower than with a commit of its own.
 from __future__ import annotations
 
 import json
+import struct
 
 from ...base import config
 
@@ -116,6 +117,28 @@ def control(frame) -> dict:
 
 def pack(ctrl: dict) -> bytes:
     return json.dumps(ctrl, separators=(",", ":")).encode()
+
+
+#: direct item ids (see ``routes``): ``DIRECT_BASE | r << 32 | n`` (fed ids are negative, request ids small)
+DIRECT_BASE = 1 << 62
+#: the most items one route carries (then the producer ends it; another may be granted): their places in
+#: the queue are fractions of one sequence step
+ROUTE_ITEMS = (1 << 20) - 1
+#: items a producer may send on a route that its consumer has not taken yet (then it ends the route)
+ROUTE_WINDOW = 64
+
+
+#: the head of an item on a route's link: its number on the route and its weight (a credit: items taken)
+DIRECT_HEAD = struct.Struct("<Id")
+CREDIT = struct.Struct("<Q")
+
+
+def direct_id(r: int, n: int) -> int:
+    return DIRECT_BASE | (r << 32) | n
+
+
+def split_direct(i: int) -> tuple[int, int]:
+    return (i >> 32) & ((1 << 29) - 1), i & 0xFFFFFFFF
 
 
 #: seconds a client waits beyond an operation's own timeout for the host's reply

@@ -78,6 +78,11 @@ class _Conn:
         self.feeds: dict[str, _Feed] = {}
         self.fed_by: dict[int, tuple] = {}  # fed item id -> (its feed, its bytes)
         self.fed_ids = itertools.count(-1, -1)
+        self.direct: Optional[dict] = None  # where this consumer takes direct routes (see ``routes``)
+        self.direct_ok = False  # this producer can send on routes
+        self.routes_out: dict = {}  # key -> this producer's route there
+        self.routes_in: set = set()  # routes to this consumer
+        self.refused: dict = {}  # key -> until when no route is offered there again
         self.lock = threading.Lock()
         self.outbox: collections.deque = collections.deque()  # (control, frames), in order
         self.scheduled = False  # a sender owns the outbox, or the loop waits for the socket to drain
@@ -117,6 +122,7 @@ class _Feed:
     window: int
     held: int = 0  # items fed and not yet acknowledged or returned
     held_bytes: int = 0  # their bytes: past FEED_BYTES nothing more is fed (a consumer's memory is not a queue)
+    routes: list = field(default_factory=list)  # producers' direct routes to it (see ``routes``)
 
 
 @dataclass
@@ -127,6 +133,7 @@ class _Queue:
     uncommitted: int = 0  # items taken from puts whose producers have not committed them yet
     feed: Optional[_Feed] = None  # the connection fed ahead on this key (its only consumer)
     fed: int = 0  # items fed ahead and neither acknowledged nor returned (by any connection)
+    routes: int = 0  # direct routes on the key not yet closed (see ``routes``)
     hold_until: float = 0.0  # after a recall: gets wait (until then at most) for the fed items to come back
 
 
@@ -311,17 +318,18 @@ class _KeyQueues:
             f.conn.feeds.pop(key, None)
             self._reply(f.conn, {"id": 0, "op": "recall", "key": key})
             self._drain_acks(f.conn, progress=False)  # what it took already needs no waiting for
+            self._end_routes(f)
             self._hold(q, key)
 
     @staticmethod
     def _held(q: _Queue) -> bool:
         """Whether ``q``'s gets wait for the items of an ended feed (see ``_hold``)."""
-        return bool(q.fed) and q.feed is None and q.hold_until > time.monotonic()
+        return bool(q.fed or q.routes) and q.feed is None and q.hold_until > time.monotonic()
 
     def _hold(self, q: _Queue, key: str) -> None:
         """A feed ended: the key's gets wait until its fed items are back (``RECALL_WAIT`` at the most), so
         no item is served before older ones that were fed ahead."""
-        if q.fed:
+        if q.fed or q.routes:
             q.hold_until = time.monotonic() + RECALL_WAIT
             heapq.heappush(self._timers, (q.hold_until, next(self._seq), _Waiter(None, 0, "hold", key, q.hold_until)))
 
@@ -337,6 +345,7 @@ class _KeyQueues:
         q = self._queues.get(key)
         if f is not None and q is not None and q.feed is f:
             q.feed = None
+            self._end_routes(f)
             self._hold(q, key)
 
     def _progress(self, key: str) -> None:
@@ -398,7 +407,7 @@ class _KeyQueues:
     def _maybe_forget(self, key: str) -> None:
         q = self._queues.get(key)
         if (q is not None and not q.items and not q.getters and not q.putters and not q.uncommitted
-                and q.feed is None and not q.fed):
+                and q.feed is None and not q.fed and not q.routes):
             del self._queues[key]
 
     def _cancel(self, conn: _Conn, target: int) -> Optional[str]:

@@ -78,6 +78,8 @@ class _Sends:
         the put happened (the host applies the whole messages a departed client left); raises as
         ``request`` does if it was not (``SendTimeout``: nothing was sent)."""
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
+        if self._out_routes and self.put_direct(ctrl, frames, -1, limit):
+            return  # went straight to the consumer (see ``direct_out``)
         self._before_send(limit)
         if self._dead:
             raise PeerDiedError(self._dead, peer=self.host)
@@ -103,6 +105,8 @@ class _Sends:
         if batch and (self._batch is not None or self._flushing):
             self.flush_batch(limit, final=False)  # one that cannot go within this message's limit stays queued
         self._send_abandoned(limit)
+        if (self._copies or self._ending) and not self._end_routes_out(limit):  # direct routes' copies and ends
+            raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True)
         if self._returns and not self._send_returns(limit):  # fed items given back go before this message
             raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True)
 
@@ -145,7 +149,7 @@ class _Sends:
         finally:
             self._sending.discard(me)
 
-    def _send_one_way(self, ctrl: dict, limit: Optional[float] = None, when_idle: bool = False) -> bool:
+    def _send_one_way(self, ctrl: dict, limit: Optional[float] = None, when_idle: bool = False, frames=()) -> bool:
         """Send a message that gets no reply; False if nothing of it was sent because another
         thread's send held the link for ``limit`` s (the send timeout by default), or, with
         ``when_idle``, because another send was under way."""
@@ -154,7 +158,7 @@ class _Sends:
         if when_idle and self._sending:
             return False
         try:
-            self._send([pack(ctrl)], self._send_timeout if limit is None else limit)
+            self._send([pack(ctrl), *frames], self._send_timeout if limit is None else limit)
             return True
         except Exception as exc:
             if isinstance(exc, TimeoutError) and self._link.is_open():

@@ -77,6 +77,7 @@ from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_
 from .ack_links import _AckLinks
 from .introspection import _Introspection
 from .queues import _MIN_TIMERS_COMPACT, NOWAIT_RECALL, _Conn, _KeyQueues, _Queue, _Waiter
+from .routes import _ROUTE_OPS, _Routes
 
 #: sender threads of one channel host (replies to all clients)
 SENDERS_ENV = "RLINF_CHANNEL_SENDERS"
@@ -96,7 +97,7 @@ _CHECK_EVERY = 0.25
 _DRAIN_LIMIT = 5.0
 
 
-class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
+class ChannelServer(_KeyQueues, _Routes, _AckLinks, _Introspection):
     def __init__(self, name: str, maxsize: int):
         self.name = name
         self.maxsize = maxsize
@@ -115,6 +116,7 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
         self._compact_timers_at = _MIN_TIMERS_COMPACT
         self._seq = itertools.count()
         self._item_seq = itertools.count()  # every item's place in its queue, kept when it goes back
+        self._init_routes()
         self._inbox: collections.deque = collections.deque()  # callables posted to the loop by other threads
         self._messages = 0  # messages handled, from every client (a put costs one, plus its share of a commit)
         self._again: set = set()  # connections that may hold more requests already read off their socket
@@ -169,6 +171,7 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
             return
         token = info.get("token")
         conn = _Conn(link, str(info.get("client", "?")), token if isinstance(token, str) else None)
+        conn.direct_ok = info.get("direct") is True and conn.fd is not None  # it can send on routes
         self._post(self._add, conn)
         if conn.fd is None:
             threading.Thread(target=self._read_thread, args=(conn,), name=f"rlinf-channel-{self.name}-client",
@@ -269,6 +272,7 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
         conn.parked.clear()
         for key in list(conn.feeds):
             self._end_feed(conn, key)
+        touched |= self._routes_lost(conn)
         if conn.fd is not None or read_all:
             self._settle_lost(conn, touched)
             return
@@ -323,25 +327,9 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
             self._commit(conn, ctrl.get("ids", ()))
         elif op == "push" and not self.maxsize:  # a put that returned: it happened
             self._push(ctrl, frames[1:])
+        elif op in ("copies", "unrouted"):  # its direct items (see ``routes``)
+            self._route_op(conn, op, ctrl, frames[1:])
         return True
-
-    def _acked(self, conn: _Conn, ids, progress: bool = True) -> None:
-        fed: set = set()
-        for i in ids:
-            entry = conn.inflight.pop(i, None)
-            if entry is not None:
-                for item in entry[1]:
-                    self._blocks.give_back(item[0])
-                if i < 0 and self._unfeed(conn, i) is not None:
-                    fed.add(entry[0])
-        if not progress:  # the caller is in the middle of something: the loop serves these keys after it
-            self._feed_later.update(fed)
-            return
-        for key in fed:
-            q = self._queues.get(key)
-            # its window has room again, or the last item of a recalled feed is settled: gets held for it go on
-            if q is not None and (q.feed is not None or (not q.fed and q.getters)):
-                self._progress(key)
 
     # -- the loop ----------------------------------------------------------------------
     def _loop(self) -> None:
@@ -377,6 +365,8 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
                     self._check_connections(now)
                 while self._feed_later:
                     self._progress(self._feed_later.pop())
+                if self._route_later:
+                    self._offer_routes()
                 self._flush_all()
             except Exception:  # a bug must not end the loop (every client would hang): report it, go on
                 traceback.print_exc()
@@ -524,7 +514,12 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
         if op == "push":
             if self.maxsize:  # a client that never heard the host is unbounded: refused like a bad frame
                 raise ValueError(f"a push on channel {self.name!r}, which has a maxsize ({self.maxsize})")
-            return self._push(ctrl, item)
+            self._push(ctrl, item)
+            if conn.direct_ok:  # offered a route at the end of this turn if its key's queue is left empty
+                self._route_later.update((conn, str(k)) for k in ([ctrl.get("key")] if "runs" not in ctrl else [r[0] for r in ctrl["runs"]]))
+            return
+        if op in _ROUTE_OPS:
+            return self._route_op(conn, op, ctrl, item)
         if op == "ping":
             return self._reply(conn, {"id": 0, "op": "pong"})
         if op == "bye":  # the client closes once answered: everything it sent before has been handled
@@ -587,6 +582,8 @@ class ChannelServer(_KeyQueues, _AckLinks, _Introspection):
                 self._reply(conn, {"id": rid, "error": "QueueEmpty", "message": f"channel {self.name!r} key {show_key(key)} is empty"})
                 return self._maybe_forget(key)
             feed = int(ctrl.get("feed", 0)) if op == "get" and not nowait else 0
+            if feed and isinstance(ctrl.get("direct"), dict) and conn.fd is not None:
+                conn.direct = ctrl["direct"]  # where producers may send it this key's items (see ``routes``)
             self._park(q.getters, _Waiter(conn, rid, op, key, deadline, target=target, feed=feed))
         else:
             raise ValueError(f"unknown channel operation {op!r}")

@@ -1,0 +1,269 @@
+"""Direct routes on the consumer's side (a part of ``client.ChannelClient``; see ``routes``).
+
+A consumer fed on a key offers where producers may reach it (``direct`` in
+its get: this process's endpoints).  When the host says ``go`` for a route,
+the link its producer opened (its hello names the route's token, which only
+the host, the producer and this process know) joins this connection: whoever
+reads the connection reads the route's links too, waiting on all of them at
+once, so a get parked here takes a direct item without any thread hand-over.
+Direct items join the key's feed buffer as fed items do; each is
+acknowledged with its own id (``direct_id``), and given back with its bytes
+(``dreturn``) if the user does not take it.  The producer may have at most
+``ROUTE_WINDOW`` items not yet taken here: every ``CREDIT_EVERY`` taken (or
+given back), this process says so on the route's link (``c``: how many so far).
+
+A route whose producer ended it while the feed goes on (``route_end``, with
+its last item) holds the items fed after that message until the route has
+delivered its last one: the producer's later items came through the host and
+must not overtake its earlier, direct ones.
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import threading
+import time
+from typing import Callable, Optional
+
+from ...base import config
+from .protocol import CREDIT, DIRECT_HEAD, ROUTE_WINDOW, direct_id, split_direct
+
+#: items taken between two credits on a route's link
+CREDIT_EVERY = 16
+#: seconds a route's link waits for the host's ``go`` before it is closed, and the most that wait
+LINK_WAIT, LINKS_WAITING = 30.0, 256
+#: microseconds a get with routes polls before it sleeps (the next item of a route often comes within it,
+#: and a sleeping consumer costs every item a wake-up: a ping-pong round went from 160-250 to 70-90 us)
+SPIN_ENV, DEFAULT_SPIN_US = "RLINF_CHANNEL_GET_SPIN_US", 200.0
+
+_lock = threading.Lock()
+_expected: dict = {}  # token -> (client, route) told "go", whose link has not come yet
+_arrived: dict = {}  # token -> (link, when) come before the "go"
+_endpoints: Optional[dict] = None
+_endpoints_for: Optional[Callable[[], Optional[dict]]] = None
+
+
+def on_direct(link, info: dict) -> None:
+    """A producer's link for a route (from the transport's handshake thread, already authenticated)."""
+    token = info.get("token")
+    if not isinstance(token, str):
+        link.close()
+        return
+    now = time.monotonic()
+    with _lock:
+        for old in [t for t, (_l, when) in _arrived.items() if now - when > LINK_WAIT]:
+            _arrived.pop(old)[0].close()
+        waiting = _expected.pop(token, None)
+        if waiting is None:
+            if len(_arrived) >= LINKS_WAITING:  # nobody expects so many: the newest goes
+                link.close()
+                return
+            _arrived[token] = (link, now)
+            return
+    client, route = waiting
+    client._attach_route(route, link)
+
+
+def serve_direct(endpoints: Optional[dict]) -> None:
+    """Take direct routes at ``endpoints`` (whose listener hands their links to ``on_direct``), or none."""
+    global _endpoints, _endpoints_for
+    _endpoints, _endpoints_for = endpoints, None
+
+
+def _worker_endpoints() -> Optional[dict]:
+    """A worker's own endpoints, where its communicator takes route links (none outside workers)."""
+    from ..p2p.communicator import local_communicator
+
+    try:
+        comm = local_communicator(create=True)
+    except Exception:
+        return None
+    if comm is None:
+        return None
+    comm.add_service("channel-direct", on_direct)
+    return comm.endpoints() or None
+
+
+def direct_endpoints() -> Optional[dict]:
+    global _endpoints, _endpoints_for
+    if _endpoints_for is None and _endpoints is None:
+        _endpoints_for = _worker_endpoints
+    if _endpoints_for is not None:
+        _endpoints, _endpoints_for = _endpoints_for(), None
+        if _endpoints is None:
+            _endpoints_for = lambda: None  # noqa: E731 (looked up once)
+    return _endpoints
+
+
+class _InRoute:
+    __slots__ = ("r", "key", "token", "link", "feed", "count", "taken", "credited", "fd")
+
+    def __init__(self, r: int, key: str, token: str, feed):
+        self.r, self.key, self.token, self.feed = r, key, token, feed
+        self.link = None
+        self.fd: Optional[int] = None
+        self.count = 0  # items read on it
+        self.taken = 0  # of those, taken or given back
+        self.credited = 0
+
+
+class _DirectIn:
+    """The consumer side of routes (uses the client's feeds, reader turn, returns and acks)."""
+
+    def _init_direct_in(self) -> None:
+        self._in_routes: dict[int, _InRoute] = {}  # r -> a route whose link is here
+        self._in_poll = None  # select.poll over the connection and the routes' links (None: to be made)
+        self._direct_weights: dict = {}  # direct item id -> its weight (for a return)
+        self._get_spin = max(0.0, config._finite_env(SPIN_ENV, DEFAULT_SPIN_US)) / 1e6
+
+    def _direct_offer(self) -> Optional[dict]:
+        return direct_endpoints() if self._bursts else None
+
+    def _route_go(self, ctrl: dict) -> None:
+        """The host's ``go`` for a route to this process (read with the connection's lock on feeds)."""
+        route = _InRoute(int(ctrl["r"]), ctrl["key"], str(ctrl["token"]), self._feeds.get(ctrl["key"]))
+        with _lock:
+            arrived = _arrived.pop(route.token, None)
+            if arrived is None:
+                _expected[route.token] = (self, route)
+                return
+        self._attach_route(route, arrived[0])
+
+    def _attach_route(self, route: _InRoute, link) -> None:
+        fd = link.poll_fd()
+        if fd is None or self._dead is not None:
+            link.close()
+            return
+        route.link, route.fd = link, fd
+        self._in_routes[route.r] = route
+        self._in_poll = None
+
+    def _route_end(self, ctrl: dict) -> None:
+        """The producer of a route ended it at item ``last`` while the feed goes on (under ``_fed_cond``)."""
+        route = self._in_routes.get(int(ctrl["r"]))
+        feed = self._feeds.get(ctrl["key"])
+        if route is not None and feed is not None and route.count < int(ctrl["last"]):
+            feed.blocker = (route, int(ctrl["last"]))
+
+    def _links_poll(self):
+        poll = self._in_poll
+        if poll is None:
+            poll = select.poll()
+            poll.register(self._link.poll_fd(), select.POLLIN)
+            for route in list(self._in_routes.values()):
+                poll.register(route.fd, select.POLLIN)
+            self._in_poll = poll
+        return poll
+
+    def _wait_links(self, deadline: float):
+        """The next message on the connection, reading the routes' links meanwhile (reader only): None if
+        direct items came first; ``TimeoutError`` if nothing came by ``deadline``."""
+        msg = self._link.recv_nowait()
+        if msg is not None:
+            return msg
+        host = self._link.poll_fd()
+        spin_end = time.perf_counter() + self._get_spin
+        while True:
+            poll = self._links_poll()
+            if time.perf_counter() < spin_end:
+                ready = poll.poll(0)
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("nothing came")
+                ready = poll.poll(max(1, int(min(left, 1.0) * 1000)))
+            if not ready:
+                continue
+            if any(fd != host for fd, _ in ready) and self._read_direct():
+                return None
+            if any(fd == host for fd, _ in ready):
+                msg = self._link.recv_nowait()
+                if msg is not None:
+                    return msg
+
+    def _read_direct(self) -> int:
+        """Read what came on the routes' links (reader only): items into their feeds, or back to the host."""
+        got = 0
+        for route in list(self._in_routes.values()):
+            for _ in range(ROUTE_WINDOW):
+                try:
+                    msg = route.link.recv_nowait()
+                except Exception:
+                    self._route_gone(route)
+                    break
+                if msg is None:
+                    break
+                frames = msg[1]
+                try:
+                    n, weight = DIRECT_HEAD.unpack(frames[0])
+                except (struct.error, TypeError):
+                    n = weight = 0
+                if n != route.count + 1 or len(frames) < 2:  # not the route's next item: its link is broken
+                    self._route_gone(route)
+                    break
+                route.count += 1
+                self._direct_item(route, direct_id(route.r, n), weight, frames[1:])
+                got += 1
+        return got
+
+    def _direct_item(self, route: _InRoute, rid: int, weight: float, frames) -> None:
+        self._direct_weights[rid] = weight
+        with self._fed_cond:
+            feed = self._feeds.get(route.key)
+            if feed is None or feed is not route.feed:  # its feed ended: it goes back (with its bytes)
+                self._queue_return(route.key, [(rid, frames)], False)
+                return
+            feed.buffer.append((rid, frames))
+            blocker = feed.blocker
+            if blocker is not None and blocker[0] is route and route.count >= blocker[1]:
+                feed.buffer.extend(feed.held)  # fed items held for the route's last ones go on
+                feed.held.clear()
+                feed.blocker = None
+            if self._fed_waiting:
+                self._fed_cond.notify_all()
+
+    def _route_gone(self, route: _InRoute) -> None:
+        """A route's link ended: tell the host how many items came on it (if its producer went, that closes it)."""
+        self._in_routes.pop(route.r, None)
+        self._in_poll = None
+        try:
+            route.link.close()
+        except Exception:
+            pass
+        self._returns.append(({"id": 0, "op": "route_done", "r": route.r, "count": route.count}, ()))
+        with self._fed_cond:
+            feed = self._feeds.get(route.key)
+            if feed is not None and feed.blocker is not None and feed.blocker[0] is route:
+                feed.buffer.extend(feed.held)
+                feed.held.clear()
+                feed.blocker = None
+
+    def _credit(self, items) -> None:
+        """Direct items left this process's hands (taken or given back): tell their producers, now and then."""
+        for rid, _frames in items:
+            route = self._in_routes.get(split_direct(rid)[0])
+            if route is None:
+                continue
+            route.taken += 1
+            if route.taken - route.credited >= CREDIT_EVERY:
+                route.credited = route.taken
+                try:
+                    route.link.send([CREDIT.pack(route.taken)], time.monotonic() + 1.0)
+                except Exception:
+                    pass  # its producer is gone, or does not read: the route ends from its side
+
+    def _took_direct(self, rid: int) -> None:
+        self._direct_weights.pop(rid, None)
+        self._credit([(rid, None)])
+
+    def _close_routes_in(self) -> None:
+        for route in list(self._in_routes.values()):
+            try:
+                route.link.close()
+            except Exception:
+                pass
+        self._in_routes.clear()
+        with _lock:
+            for token in [t for t, (c, _r) in _expected.items() if c is self]:
+                del _expected[token]

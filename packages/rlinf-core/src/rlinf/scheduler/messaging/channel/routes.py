@@ -1,0 +1,275 @@
+"""Direct routes on the host (a part of ``server.ChannelServer``; the clients' sides are ``direct_out``
+and ``direct_in``).
+
+A *route* lets a producer send a key's items straight to the consumer fed on
+that key, over a link of their own, while the host keeps ordering and
+counting them.  The host grants one when a producer's push on a fed key
+leaves the key's queue empty (``route``, to the producer); the producer
+starts it with its next put there (``start``, a request: granted only if the
+queue is still empty, and then the host tells the consumer, ``go``, after
+every item fed to it before), and from then on sends that key's items to the
+consumer, each numbered ``n`` = 1, 2, ... on the route.  The consumer treats
+them as fed items: it acknowledges each (id ``direct_id(r, n)``) and returns
+the ones it does not hand out, with their bytes (``dreturn``).
+
+Nothing is lost with either process: the producer also sends the host a
+*copy* of each item (``copies``, in batches, before any later message of
+its own), which the host holds as in flight to the consumer, dropped on the
+consumer's acknowledgement and put back on its return or its death.  An item
+is *resolved* once, by whichever of these comes first; the others are
+ignored.  A route ends when the consumer's feed ends (the host says
+``unroute``), or the producer ends it (its window of unacknowledged items is
+full, or its link failed): the producer then says how many items it sent
+(``unrouted``, ``last``), and if the feed goes on the consumer hears it
+(``route_end``) and holds the items fed after it until it has those.  The
+key's gets wait (as for a recalled feed, ``RECALL_WAIT`` at most) while a
+route of an ended feed has items not yet resolved.  The route's items all
+take their place in the queue where the route started (``seq0``): after the
+producer's earlier puts and before its later ones, whatever path they came
+back by.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .blocks import _own
+from .protocol import ROUTE_ITEMS, split_direct
+from .queues import _Conn, _Feed, _Queue
+
+#: seconds after a refused start before the producer is offered a route on that key again
+REFUSED_PAUSE = 1.0
+#: the route messages of clients
+_ROUTE_OPS = frozenset(("copies", "dreturn", "start", "unrouted", "route_done"))
+
+
+@dataclass(eq=False)
+class _Route:
+    r: int
+    key: str
+    a: _Conn  # the producer
+    b: _Conn  # the consumer
+    feed: _Feed
+    token: str
+    started: bool = False
+    live: bool = True  # the producer may still send on it
+    seq0: float = 0.0  # where its items stand in the queue
+    last: Optional[int] = None  # items the producer sent on it (once known)
+    resolved: int = 0
+    copies: dict = field(default_factory=dict)  # n -> item (frames, weight, seq), in flight to the consumer
+    done: set = field(default_factory=set)  # n resolved before its copy came
+
+
+class _Routes:
+    """The host's routes (uses the server's queues, replies, blocks and ``_progress``)."""
+
+    def _init_routes(self) -> None:
+        self._routes: dict[int, _Route] = {}
+        self._route_ids = iter(range(1, 1 << 29))
+        self._route_later: set = set()  # (producer, key) pushed to this turn: offered a route after it
+
+    def _offer_routes(self) -> None:
+        """End of a turn: offer a route to each producer whose push left a fed key's queue empty."""
+        later, self._route_later = self._route_later, set()
+        now = None
+        for a, key in later:
+            q = self._queues.get(key)
+            if q is None or q.feed is None or q.items or q.getters or not a.alive or key in a.routes_out:
+                continue
+            f = q.feed
+            if f.conn is a or f.conn.direct is None or not f.conn.alive:
+                continue
+            if a.refused.get(key, 0.0):
+                now = now or time.monotonic()
+                if now < a.refused[key]:
+                    continue
+                del a.refused[key]
+            r = next(self._route_ids)
+            route = self._routes[r] = _Route(r, key, a, f.conn, f, secrets.token_hex(16))
+            a.routes_out[key] = route
+            f.conn.routes_in.add(route)
+            f.routes.append(route)
+            self._reply(a, {"id": 0, "op": "route", "key": key, "r": r, "token": route.token, "to": f.conn.direct})
+
+    def _route_op(self, conn: _Conn, op: str, ctrl: dict, item: list) -> None:
+        if op == "copies":
+            return self._copies(conn, ctrl, item)
+        if op == "dreturn":
+            return self._dreturn(conn, ctrl, item)
+        route = self._routes.get(int(ctrl.get("r", 0)))
+        if op == "start":
+            ok = self._start(conn, route)
+            return self._reply(conn, {"id": ctrl.get("id", 0), "value": ok})
+        if route is None:
+            return
+        if op == "unrouted" and route.a is conn:
+            self._unrouted(route, max(0, min(int(ctrl["last"]), ROUTE_ITEMS)))
+        elif op == "route_done" and route.b is conn and not route.a.alive and route.last is None:
+            route.last = max(0, min(int(ctrl["count"]), ROUTE_ITEMS))  # the producer is gone: the count the consumer read
+            self._maybe_close(route)
+
+    def _start(self, conn: _Conn, route: Optional[_Route]) -> bool:
+        """Whether the producer may send on ``route`` from now on (every item before is fed already)."""
+        if route is None or route.a is not conn or route.started:
+            return False
+        q = self._queues.get(route.key)
+        if not route.live or q is None or q.feed is not route.feed or q.items or not route.b.alive:
+            conn.refused[route.key] = time.monotonic() + REFUSED_PAUSE
+            route.live, route.last = False, 0
+            if conn.routes_out.get(route.key) is route:
+                del conn.routes_out[route.key]
+            self._maybe_close(route)
+            return False
+        route.started = True
+        route.seq0 = float(next(self._item_seq))
+        q.routes += 1  # counted from now on: the key's gets wait for its items once the feed ends
+        self._reply(route.b, {"id": 0, "op": "go", "key": route.key, "r": route.r, "token": route.token})
+        return True
+
+    def _unrouted(self, route: _Route, last: int) -> None:
+        """The producer sent ``last`` items on ``route`` and no more."""
+        feed_on = route.live and self._queues.get(route.key) is not None and self._queues[route.key].feed is route.feed
+        route.live, route.last = False, last
+        if route.a.routes_out.get(route.key) is route:
+            del route.a.routes_out[route.key]
+        if feed_on and route.b.alive and route.started:
+            self._reply(route.b, {"id": 0, "op": "route_end", "key": route.key, "r": route.r, "last": last})
+        self._maybe_close(route)
+
+    def _end_routes(self, f: _Feed) -> None:
+        """``f`` ended: its producers stop sending on its routes (each says how many it sent)."""
+        for route in f.routes:
+            if route.live:
+                route.live = False
+                if route.a.alive:
+                    self._reply(route.a, {"id": 0, "op": "unroute", "key": route.key, "r": route.r})
+                if not route.started:
+                    route.last = 0  # nothing can go on it: a start is refused from now on
+                if route.a.routes_out.get(route.key) is route:
+                    del route.a.routes_out[route.key]
+            self._maybe_close(route)
+
+    def _item_of(self, route: _Route, n: int, frames, weight: float) -> tuple:
+        return (_own(frames, self._blocks), float(weight), route.seq0 + n / (ROUTE_ITEMS + 1))
+
+    def _copies(self, conn: _Conn, ctrl: dict, item: list) -> None:
+        """Copies of items a producer sent on its routes (``r``, ``n``, ``w``, ``sizes``, in order)."""
+        rs, ns, ws, sizes = ctrl["r"], ctrl["n"], ctrl["w"], [int(s) for s in ctrl["sizes"]]
+        if not (len(rs) == len(ns) == len(ws) == len(sizes)) or sum(sizes) != len(item) or min(sizes, default=1) < 1:
+            raise ValueError("copies whose sizes do not match their frames")
+        pos, touched = 0, set()
+        for r, n, w, size in zip(rs, ns, ws, sizes):
+            frames, pos = item[pos:pos + size], pos + size
+            route = self._routes.get(int(r))
+            n = int(n)
+            if route is None or route.a is not conn or not 0 < n <= ROUTE_ITEMS:
+                continue
+            if n in route.done:  # acknowledged or returned before its copy came
+                route.done.discard(n)
+                continue
+            q = self._queues.setdefault(route.key, _Queue())
+            if not route.b.alive:  # its consumer is gone: the item goes back
+                self._requeue(route.key, [self._item_of(route, n, frames, w)])
+                route.resolved += 1
+                touched.add(route)
+                continue
+            route.copies[n] = self._item_of(route, n, frames, w)
+            q.fed += 1
+        for route in touched:
+            self._maybe_close(route)
+            self._progress(route.key)
+
+    def _acked_direct(self, conn: _Conn, i: int) -> Optional[str]:
+        """The consumer handed out direct item ``i``; the key to serve, if any."""
+        r, n = split_direct(i)
+        route = self._routes.get(r)
+        if route is None or route.b is not conn or n in route.done:
+            return None
+        copy = route.copies.pop(n, None)
+        if copy is not None:
+            self._blocks.give_back(copy[0])
+            self._queues[route.key].fed -= 1
+        else:
+            route.done.add(n)
+        route.resolved += 1
+        self._maybe_close(route)
+        return route.key
+
+    def _dreturn(self, conn: _Conn, ctrl: dict, item: list) -> None:
+        """Direct items the consumer did not hand out, with their bytes: back to their places."""
+        key = str(ctrl["key"])
+        ids, ws, sizes = ctrl["ids"], ctrl["w"], [int(s) for s in ctrl["sizes"]]
+        if not (len(ids) == len(ws) == len(sizes)) or sum(sizes) != len(item) or min(sizes, default=1) < 1:
+            raise ValueError("returned items whose sizes do not match their frames")
+        pos, back = 0, []
+        for i, w, size in zip(ids, ws, sizes):
+            frames, pos = item[pos:pos + size], pos + size
+            r, n = split_direct(int(i))
+            route = self._routes.get(r)
+            if route is None or route.b is not conn:  # its route is closed (its producer is gone): at the tail
+                back.append((_own(frames, self._blocks), float(w), float(next(self._item_seq))))
+                continue
+            if n in route.done:
+                continue
+            copy = route.copies.pop(n, None)
+            if copy is not None:
+                self._queues[route.key].fed -= 1
+                back.append(copy)
+            else:
+                route.done.add(n)
+                back.append(self._item_of(route, n, frames, w))
+            route.resolved += 1
+            self._maybe_close(route)
+        if back:
+            self._requeue(key, back)
+        self._progress(key)
+
+    def _routes_lost(self, conn: _Conn) -> set:
+        """``conn`` went: its routes as producer end (the consumer's count closes them), those as
+        consumer put their copies back.  The keys touched."""
+        touched = set()
+        for route in list(conn.routes_out.values()):
+            route.live = False
+            if not route.started:
+                route.last = 0
+            self._maybe_close(route)
+        conn.routes_out.clear()
+        for route in list(conn.routes_in):
+            if route.copies:
+                q = self._queues.setdefault(route.key, _Queue())
+                q.fed -= len(route.copies)
+                self._requeue(route.key, list(route.copies.values()))
+                route.resolved += len(route.copies)
+                route.copies.clear()
+                touched.add(route.key)
+            if route.live and route.a.alive:
+                self._reply(route.a, {"id": 0, "op": "unroute", "key": route.key, "r": route.r})
+            route.live = False
+            if not route.a.alive and route.last is None:
+                route.last = route.resolved  # neither end is left to say more
+            self._maybe_close(route)
+        return touched
+
+    def _maybe_close(self, route: _Route) -> None:
+        """Forget ``route`` once every item sent on it is resolved (or nothing is left to resolve them)."""
+        if route.r not in self._routes:
+            return
+        if route.last is None or route.resolved < route.last and route.b.alive:
+            return
+        if route.copies and route.b.alive:
+            return
+        del self._routes[route.r]
+        route.b.routes_in.discard(route)
+        if route in route.feed.routes:
+            route.feed.routes.remove(route)
+        q = self._queues.get(route.key)
+        if q is not None:
+            q.routes -= route.started
+            if route.copies:  # its consumer is gone: what it held goes back
+                q.fed -= len(route.copies)
+                self._requeue(route.key, list(route.copies.values()))
+                route.copies.clear()
+            self._feed_later.add(route.key)  # gets held for it go on

@@ -1,0 +1,239 @@
+"""Direct routes: a producer sends a fed key's items straight to its consumer (a real host, real clients and
+real links in this process; see ``messaging/channel/routes.py``).
+
+Whatever ends a route (a recall, a consumer that falls behind, either end's death) every item is delivered
+once and in the order its producer put it, and the host is left with nothing in flight.
+"""
+
+import json
+import threading
+import time
+import uuid
+
+import pytest
+
+from rlinf.scheduler.messaging.channel import direct_in
+from rlinf.scheduler.messaging.channel.direct_out import dialer
+from rlinf.scheduler.messaging.channel.protocol import DIRECT_HEAD, ROUTE_WINDOW
+from rlinf.scheduler.messaging.p2p.communicator import Communicator
+from rlinf.scheduler.transports.cpu_transport import CpuTransport
+
+from p2p_helpers import wait_for
+from test_channel_feed_order import _get, _put
+from test_channel_trust import _Host
+
+
+class _RoutedHost(_Host):
+    def client(self, who, ack_link=True, direct=True):
+        """A client as ``ChannelClient.connect`` makes it, which may take and send direct routes."""
+        from rlinf.scheduler.messaging.channel.client import ChannelClient
+
+        token = uuid.uuid4().hex
+
+        def dial(hello):
+            return CpuTransport().connect(self.endpoint, json.dumps(hello).encode(), time.monotonic() + 10)
+
+        c = ChannelClient(self.name, f"{self.name}-host",
+                          dial({"service": "channel", "channel": self.name, "client": who, "token": token,
+                                "direct": direct}))
+        if ack_link:
+            c._dial_acks = lambda: dial({"service": "channel", "channel": self.name, "acks_for": token})
+        if direct:
+            c._dial_direct = dialer(("cpu", CpuTransport()), Communicator._connect)
+        self.clients.append(c)
+        return c
+
+
+@pytest.fixture
+def routed(monkeypatch):
+    """A host in this process and a listener that takes route links for its clients (beats every 0.2 s)."""
+    monkeypatch.setenv("RLINF_CHANNEL_HEARTBEAT", "0.2")
+    listener = CpuTransport()
+    endpoint = listener.listen(lambda link, hello: direct_in.on_direct(link, json.loads(hello)), "127.0.0.1")
+    direct_in.serve_direct({"cpu": endpoint})
+    made = []
+
+    def make(name):
+        made.append(_RoutedHost(name, 0))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.close()
+    direct_in.serve_direct(None)
+    listener.close()
+
+
+def _hear(client, key=None):
+    """Make ``client`` read what its host sent it: a blocking request reads its connection (until a route
+    on ``key`` came, if given: the host offers it at the end of the turn that fed the push)."""
+    def read():
+        _, fut = client.request({"op": "qsize", "key": "_"}, (), blocking=True)
+        client.wait_reply(fut, 5)
+        return key is None or key in client._out_routes
+    wait_for(read, 5, f"a route on {key!r}")
+
+
+def _host_state(h):
+    def read():
+        s = h.server
+        return {"routes": sum(r.started for r in s._routes.values()), "fed": sum(q.fed for q in s._queues.values()),
+                "items": sum(len(q.items) for q in s._queues.values()),
+                "held_routes": sum(q.routes for q in s._queues.values())}
+    return h.server._ask(read)
+
+
+def _routed_pair(h, key="k"):
+    """Producer ``p`` with a started route to consumer ``c`` on ``key``; 0 was put and taken through the host."""
+    p, c = h.client("p"), h.client("c")
+    _put(p, key, 0)
+    assert _get(c, key) == 0
+    _put(p, key, 1)  # fed at once, leaving the queue empty: the host offers p a route
+    assert _get(c, key) == 1
+    _hear(p, key)
+    return p, c
+
+
+def test_a_route_carries_the_items_in_order_after_the_earlier_ones(routed):
+    h = routed("routes_order")
+    p, c = h.client("p"), h.client("c")
+    _put(p, "k", 0)
+    assert _get(c, "k") == 0
+    for i in range(1, 5):
+        _put(p, "k", i)  # fed through the host
+    _hear(p, "k")  # the route offered after those pushes
+    for i in range(5, 60):
+        _put(p, "k", i)  # the first starts the route (the host says go after 1-4): the rest go straight to c
+    route = p._out_routes["k"]
+    assert route.started and route.n == 55
+    assert [_get(c, "k") for _ in range(59)] == list(range(1, 60))
+    assert len(c._in_routes) == 1
+    p._end_routes_out()  # copies sent (as before any later message)
+    wait_for(lambda: _host_state(h)["fed"] == 0, 5, "every copy dropped once its item was taken")
+
+
+def test_a_recall_returns_the_direct_items_to_their_places_before_later_puts(routed):
+    h = routed("routes_recall")
+    p, c = _routed_pair(h)
+    for i in range(2, 12):
+        _put(p, "k", i)
+    assert p._out_routes["k"].n == 10
+    assert [_get(c, "k") for _ in range(3)] == [2, 3, 4]
+    wait_for(lambda: sum(len(f.buffer) for f in c._feeds.values()) == 7, 5, "7 direct items in c's buffer")
+    d = h.client("d")
+    assert _get(d, "k") == 5  # c's feed is recalled: its direct items come back (with their bytes) first
+    _hear(p)  # p hears its route ended; its next put goes through the host, after the route's items
+    _put(p, "k", 12)
+    assert "k" not in p._out_routes
+    assert [_get(d, "k") for _ in range(7)] == list(range(6, 13))
+    wait_for(lambda: _host_state(h) == {"routes": 0, "fed": 0, "items": 0, "held_routes": 0}, 5, "nothing left")
+
+
+def test_a_consumer_that_falls_behind_ends_the_route_and_order_holds(routed):
+    h = routed("routes_behind")
+    p, c = _routed_pair(h)
+    n = 2 + ROUTE_WINDOW + 40
+    for i in range(2, n):
+        _put(p, "k", i)  # the window fills: the route ends and the rest go through the host
+    assert "k" not in p._out_routes
+    assert [_get(c, "k") for _ in range(n - 2)] == list(range(2, n))
+    wait_for(lambda: _host_state(h) == {"routes": 0, "fed": 0, "items": 0, "held_routes": 0}, 5, "nothing left")
+
+
+def test_a_consumer_that_dies_holding_direct_items_loses_none(routed):
+    h = routed("routes_consumer_dies")
+    p, c = _routed_pair(h)
+    for i in range(2, 22):
+        _put(p, "k", i)
+    assert [_get(c, "k") for _ in range(5)] == [2, 3, 4, 5, 6]
+    wait_for(lambda: sum(len(f.buffer) for f in c._feeds.values()) == 15, 5, "15 direct items in c's buffer")
+    for route in c._in_routes.values():
+        route.link._rbroken = "the test killed it"  # nothing more is read or returned: as if killed
+    c._link.close()  # its host sees it gone (its copies, sent later by p, go back to the queue)
+    c._ack_link and c._ack_link.close()
+    d = h.client("d")
+    _hear(p)  # p's copies go before this request; p hears its route ended
+    assert [_get(d, "k") for _ in range(15)] == list(range(7, 22))
+    _put(p, "k", 22)
+    assert _get(d, "k") == 22
+    wait_for(lambda: _host_state(h)["routes"] == 0 and _host_state(h)["fed"] == 0, 5, "nothing in flight")
+
+
+def test_a_producer_that_dies_after_direct_puts_loses_none(routed):
+    h = routed("routes_producer_dies")
+    p, c = _routed_pair(h)
+    for i in range(2, 12):
+        _put(p, "k", i)
+    assert not p._copies or len(p._copies) == 10  # the copies had not gone when it died
+    p._copies = []  # as if killed: its copies never reach the host
+    p._link.close()
+    assert _get(c, "k") == 2
+    wait_for(lambda: _host_state(h)["routes"] == 1 and not h.server._ask(lambda: [r for r in h.server._routes.values()
+                                                                                    if r.a.alive]), 5, "p gone")
+    d = h.client("d")  # recalls c's feed: the direct items c has not taken come back from c, with their bytes
+    assert [_get(d, "k") for _ in range(9)] == list(range(3, 12))
+    wait_for(lambda: _host_state(h) == {"routes": 0, "fed": 0, "items": 0, "held_routes": 0}, 5, "nothing left")
+
+
+def test_a_route_is_not_started_while_older_items_wait(routed):
+    h = routed("routes_refused")
+    p, c = _routed_pair(h)
+    q = h.client("q")
+    with c._turn_lock:
+        c._reader = -1  # c reads nothing for a while: its window fills and items queue at the host
+    try:
+        for i in range(100, 140):
+            _put(q, "k", i)
+        wait_for(lambda: _host_state(h)["items"] > 0, 5, "items queued behind c's full window")
+        _put(p, "k", 2)  # the start is refused (older items wait): it goes through the host
+    finally:
+        c._reader = None
+    assert "k" not in p._out_routes
+    got = [_get(c, "k") for _ in range(41)]
+    assert sorted(got) == [2, *range(100, 140)] and got[-1] == 2
+
+
+def test_a_link_with_a_token_nobody_expects_is_never_read(routed):
+    h = routed("routes_stranger")
+    p, c = _routed_pair(h)
+    endpoint = direct_in.direct_endpoints()["cpu"]
+    stranger = CpuTransport().connect(endpoint, json.dumps({"service": "channel-direct", "token": "f" * 32}).encode(),
+                                      time.monotonic() + 5)
+    stranger.send([DIRECT_HEAD.pack(1, 0.0), b"junk"], time.monotonic() + 5)  # an item 1, as a route's first
+    for i in range(2, 6):
+        _put(p, "k", i)
+    assert [_get(c, "k") for _ in range(4)] == [2, 3, 4, 5]
+    assert all(r.token != "f" * 32 for r in c._in_routes.values())
+    stranger.close()
+
+
+def test_copies_whose_sizes_do_not_match_are_refused_whole(routed):
+    h = routed("routes_bad_copies")
+    p, c = _routed_pair(h)
+    _put(p, "k", 2)
+    assert p._copies
+    r = p._copies[0][0]
+    _, fut = p.request({"op": "copies", "r": [r, r], "n": [5, 6], "w": [0, 0], "sizes": [2, 9]}, [b"x"] * 3,
+                       blocking=True)
+    assert p.wait_reply(fut, 5)[0]["error"] == "ChannelError"
+    assert h.server._ask(lambda: sorted(h.server._routes[r].copies)) == [1]  # p's own copy (sent before), not 5 or 6
+    assert _get(c, "k") == 2
+
+
+def test_a_stream_of_puts_from_threads_through_a_route_is_delivered_once(routed):
+    h = routed("routes_threads")
+    p, c = _routed_pair(h)
+    got = []
+
+    def consume():
+        for _ in range(400):
+            got.append(_get(c, "k", timeout=10))
+
+    t = threading.Thread(target=consume)
+    t.start()
+    for i in range(2, 402):
+        _put(p, "k", i)
+    t.join(30)
+    assert got == list(range(2, 402))
+    p._end_routes_out()
+    wait_for(lambda: _host_state(h)["fed"] == 0, 5, "every copy dropped")
