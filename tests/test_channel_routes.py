@@ -14,7 +14,8 @@ import pytest
 
 from rlinf.scheduler.messaging.channel import direct_in
 from rlinf.scheduler.messaging.channel.direct_out import dialer
-from rlinf.scheduler.messaging.channel.protocol import DIRECT_HEAD, ROUTE_WINDOW
+from rlinf.scheduler.messaging.channel.direct_wire import send_item
+from rlinf.scheduler.messaging.channel.protocol import ROUTE_WINDOW
 from rlinf.scheduler.messaging.p2p.communicator import Communicator
 from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
@@ -108,8 +109,7 @@ def test_a_route_carries_the_items_in_order_after_the_earlier_ones(routed):
     assert route.started and route.n == 55
     assert [_get(c, "k") for _ in range(59)] == list(range(1, 60))
     assert len(c._in_routes) == 1
-    p._end_routes_out()  # copies sent (as before any later message)
-    wait_for(lambda: _host_state(h)["fed"] == 0, 5, "every copy dropped once its item was taken")
+    wait_for(lambda: _host_state(h)["fed"] == 0, 5, "nothing in flight")
 
 
 def test_a_recall_returns_the_direct_items_to_their_places_before_later_puts(routed):
@@ -147,8 +147,8 @@ def test_a_consumer_that_dies_holding_direct_items_loses_none(routed):
         _put(p, "k", i)
     assert [_get(c, "k") for _ in range(5)] == [2, 3, 4, 5, 6]
     wait_for(lambda: sum(len(f.buffer) for f in c._feeds.values()) == 15, 5, "15 direct items in c's buffer")
-    for route in c._in_routes.values():
-        route.link._rbroken = "the test killed it"  # nothing more is read or returned: as if killed
+    c._read_direct = lambda: 0  # nothing more is read or returned: as if killed
+    c._queue_return = lambda *args: None
     c._link.close()  # its host sees it gone (its copies, sent later by p, go back to the queue)
     c._ack_link and c._ack_link.close()
     d = h.client("d")
@@ -164,9 +164,8 @@ def test_a_producer_that_dies_after_direct_puts_loses_none(routed):
     p, c = _routed_pair(h)
     for i in range(2, 12):
         _put(p, "k", i)
-    assert not p._copies or len(p._copies) == 10  # the copies had not gone when it died
-    p._copies = []  # as if killed: its copies never reach the host
-    p._link.close()
+    assert len(p._out_routes["k"].kept) == 10  # c has not said it took them: p keeps them
+    p._link.close()  # as if killed: what it kept is gone with it
     assert _get(c, "k") == 2
     wait_for(lambda: _host_state(h)["routes"] == 1 and not h.server._ask(lambda: [r for r in h.server._routes.values()
                                                                                     if r.a.alive]), 5, "p gone")
@@ -199,7 +198,7 @@ def test_a_link_with_a_token_nobody_expects_is_never_read(routed):
     endpoint = direct_in.direct_endpoints()["cpu"]
     stranger = CpuTransport().connect(endpoint, json.dumps({"service": "channel-direct", "token": "f" * 32}).encode(),
                                       time.monotonic() + 5)
-    stranger.send([DIRECT_HEAD.pack(1, 0.0), b"junk"], time.monotonic() + 5)  # an item 1, as a route's first
+    send_item(stranger.detach(), 1, 0.0, [b"junk"], time.monotonic() + 5)  # an item 1, as a route's first
     for i in range(2, 6):
         _put(p, "k", i)
     assert [_get(c, "k") for _ in range(4)] == [2, 3, 4, 5]
@@ -207,16 +206,16 @@ def test_a_link_with_a_token_nobody_expects_is_never_read(routed):
     stranger.close()
 
 
-def test_copies_whose_sizes_do_not_match_are_refused_whole(routed):
+def test_an_end_whose_copies_do_not_match_their_frames_is_refused_whole(routed):
     h = routed("routes_bad_copies")
     p, c = _routed_pair(h)
     _put(p, "k", 2)
-    assert p._copies
-    r = p._copies[0][0]
-    _, fut = p.request({"op": "copies", "r": [r, r], "n": [5, 6], "w": [0, 0], "sizes": [2, 9]}, [b"x"] * 3,
+    r = p._out_routes["k"].r
+    _, fut = p.request({"op": "unrouted", "r": r, "last": 6, "n": [5, 6], "w": [0, 0], "sizes": [2, 9]}, [b"x"] * 3,
                        blocking=True)
     assert p.wait_reply(fut, 5)[0]["error"] == "ChannelError"
-    assert h.server._ask(lambda: sorted(h.server._routes[r].copies)) == [1]  # p's own copy (sent before), not 5 or 6
+    assert h.server._ask(lambda: (h.server._routes[r].live, h.server._routes[r].last, len(h.server._routes[r].copies))) \
+        == (True, None, 0)
     assert _get(c, "k") == 2
 
 
@@ -235,5 +234,14 @@ def test_a_stream_of_puts_from_threads_through_a_route_is_delivered_once(routed)
         _put(p, "k", i)
     t.join(30)
     assert got == list(range(2, 402))
-    p._end_routes_out()
-    wait_for(lambda: _host_state(h)["fed"] == 0, 5, "every copy dropped")
+    wait_for(lambda: _host_state(h)["fed"] == 0, 5, "nothing in flight")
+
+
+def test_the_producer_forgets_what_the_consumer_took(routed):
+    h = routed("routes_credits")
+    p, c = _routed_pair(h)
+    for i in range(2, 202):
+        _put(p, "k", i)
+        assert _get(c, "k") == i
+    route = p._out_routes["k"]  # the route lives on: c keeps up
+    assert route.n == 200 and len(route.kept) <= ROUTE_WINDOW // 2  # c's credits let p forget what c took

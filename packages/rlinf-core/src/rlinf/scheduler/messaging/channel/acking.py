@@ -71,8 +71,6 @@ class _Acks:
         acks.append(rid)
         if self._dead is not None:
             raise PeerDiedError(self._dead, peer=self.host)
-        if rid >= DIRECT_BASE:
-            self._took_direct(rid)  # its producer may send another (see ``direct_in``)
         quiet = self._ack_link
         try:
             if quiet is not None:
@@ -84,13 +82,15 @@ class _Acks:
         except BaseException as exc:
             if quiet is None and isinstance(exc, TimeoutError) and self._link.is_open():
                 self._acks.extendleft(reversed(acks))  # nothing of it was sent: rides on the next message
-                return
+                return  # (a direct item's producer keeps it until a credit: the host may still need it)
             reason = f"{self._connection()} was lost: {type(exc).__name__}: {exc}"
             self.fail(reason if isinstance(exc, Exception) else
                       f"{self._connection()} was given up: {type(exc).__name__} interrupted a send on it")
             if not isinstance(exc, Exception):
                 raise
             raise PeerDiedError(self._dead or reason, peer=self.host) from None
+        if rid >= DIRECT_BASE:
+            self._took_direct(rid)  # acknowledged: its producer may forget it, and send another
 
     def _write_acks(self, sock, data: bytes) -> None:
         """Write acknowledgements to the ack link's socket, whole (``TimeoutError`` past the send timeout)."""

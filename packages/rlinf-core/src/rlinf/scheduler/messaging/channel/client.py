@@ -402,7 +402,7 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds, _DirectIn, _Direc
                 self._read_for_a_tick()
             self._tend_feeds()
             self._offer_ack_link()
-            if self._copies or self._ending:
+            if self._ending:
                 self._end_routes_out(when_idle=True)
 
     def _read_for_a_tick(self) -> None:

@@ -10,7 +10,7 @@ Direct items join the key's feed buffer as fed items do; each is
 acknowledged with its own id (``direct_id``), and given back with its bytes
 (``dreturn``) if the user does not take it.  The producer may have at most
 ``ROUTE_WINDOW`` items not yet taken here: every ``CREDIT_EVERY`` taken (or
-given back), this process says so on the route's link (``c``: how many so far).
+given back), this process says so on the route's link (a bare count, see ``direct_wire``).
 
 A route whose producer ended it while the feed goes on (``route_end``, with
 its last item) holds the items fed after that message until the route has
@@ -21,13 +21,13 @@ must not overtake its earlier, direct ones.
 from __future__ import annotations
 
 import select
-import struct
 import threading
 import time
 from typing import Callable, Optional
 
 from ...base import config
-from .protocol import CREDIT, DIRECT_HEAD, ROUTE_WINDOW, direct_id, split_direct
+from .direct_wire import CREDIT, Reader
+from .protocol import ROUTE_WINDOW, direct_id, split_direct
 
 #: items taken between two credits on a route's link
 CREDIT_EVERY = 16
@@ -39,7 +39,7 @@ SPIN_ENV, DEFAULT_SPIN_US = "RLINF_CHANNEL_GET_SPIN_US", 200.0
 
 _lock = threading.Lock()
 _expected: dict = {}  # token -> (client, route) told "go", whose link has not come yet
-_arrived: dict = {}  # token -> (link, when) come before the "go"
+_arrived: dict = {}  # token -> (the link's socket, when) come before the "go"
 _endpoints: Optional[dict] = None
 _endpoints_for: Optional[Callable[[], Optional[dict]]] = None
 
@@ -47,7 +47,8 @@ _endpoints_for: Optional[Callable[[], Optional[dict]]] = None
 def on_direct(link, info: dict) -> None:
     """A producer's link for a route (from the transport's handshake thread, already authenticated)."""
     token = info.get("token")
-    if not isinstance(token, str):
+    sock = link.detach() if isinstance(token, str) else None  # nothing read past the hello: the route's own bytes
+    if sock is None:
         link.close()
         return
     now = time.monotonic()
@@ -57,12 +58,12 @@ def on_direct(link, info: dict) -> None:
         waiting = _expected.pop(token, None)
         if waiting is None:
             if len(_arrived) >= LINKS_WAITING:  # nobody expects so many: the newest goes
-                link.close()
+                sock.close()
                 return
-            _arrived[token] = (link, now)
+            _arrived[token] = (sock, now)
             return
     client, route = waiting
-    client._attach_route(route, link)
+    client._attach_route(route, sock)
 
 
 def serve_direct(endpoints: Optional[dict]) -> None:
@@ -97,11 +98,12 @@ def direct_endpoints() -> Optional[dict]:
 
 
 class _InRoute:
-    __slots__ = ("r", "key", "token", "link", "feed", "count", "taken", "credited", "fd")
+    __slots__ = ("r", "key", "token", "sock", "reader", "feed", "count", "taken", "credited", "fd")
 
     def __init__(self, r: int, key: str, token: str, feed):
         self.r, self.key, self.token, self.feed = r, key, token, feed
-        self.link = None
+        self.sock = None  # the link's socket, taken over (see ``direct_wire``)
+        self.reader: Optional[Reader] = None
         self.fd: Optional[int] = None
         self.count = 0  # items read on it
         self.taken = 0  # of those, taken or given back
@@ -130,12 +132,11 @@ class _DirectIn:
                 return
         self._attach_route(route, arrived[0])
 
-    def _attach_route(self, route: _InRoute, link) -> None:
-        fd = link.poll_fd()
-        if fd is None or self._dead is not None:
-            link.close()
+    def _attach_route(self, route: _InRoute, sock) -> None:
+        if self._dead is not None:
+            sock.close()
             return
-        route.link, route.fd = link, fd
+        route.sock, route.reader, route.fd = sock, Reader(sock), sock.fileno()
         self._in_routes[route.r] = route
         self._in_poll = None
 
@@ -186,25 +187,16 @@ class _DirectIn:
         """Read what came on the routes' links (reader only): items into their feeds, or back to the host."""
         got = 0
         for route in list(self._in_routes.values()):
-            for _ in range(ROUTE_WINDOW):
-                try:
-                    msg = route.link.recv_nowait()
-                except Exception:
-                    self._route_gone(route)
+            items, ended = route.reader.read(ROUTE_WINDOW)
+            for n, weight, frames in items:
+                if n != route.count + 1:  # not the route's next item: its link is broken
+                    ended = True
                     break
-                if msg is None:
-                    break
-                frames = msg[1]
-                try:
-                    n, weight = DIRECT_HEAD.unpack(frames[0])
-                except (struct.error, TypeError):
-                    n = weight = 0
-                if n != route.count + 1 or len(frames) < 2:  # not the route's next item: its link is broken
-                    self._route_gone(route)
-                    break
-                route.count += 1
-                self._direct_item(route, direct_id(route.r, n), weight, frames[1:])
+                route.count = n
+                self._direct_item(route, direct_id(route.r, n), weight, frames)
                 got += 1
+            if ended:
+                self._route_gone(route)
         return got
 
     def _direct_item(self, route: _InRoute, rid: int, weight: float, frames) -> None:
@@ -227,10 +219,7 @@ class _DirectIn:
         """A route's link ended: tell the host how many items came on it (if its producer went, that closes it)."""
         self._in_routes.pop(route.r, None)
         self._in_poll = None
-        try:
-            route.link.close()
-        except Exception:
-            pass
+        route.sock.close()
         self._returns.append(({"id": 0, "op": "route_done", "r": route.r, "count": route.count}, ()))
         with self._fed_cond:
             feed = self._feeds.get(route.key)
@@ -249,8 +238,8 @@ class _DirectIn:
             if route.taken - route.credited >= CREDIT_EVERY:
                 route.credited = route.taken
                 try:
-                    route.link.send([CREDIT.pack(route.taken)], time.monotonic() + 1.0)
-                except Exception:
+                    route.sock.send(CREDIT.pack(route.taken))
+                except OSError:
                     pass  # its producer is gone, or does not read: the route ends from its side
 
     def _took_direct(self, rid: int) -> None:
@@ -259,10 +248,7 @@ class _DirectIn:
 
     def _close_routes_in(self) -> None:
         for route in list(self._in_routes.values()):
-            try:
-                route.link.close()
-            except Exception:
-                pass
+            route.sock.close()
         self._in_routes.clear()
         with _lock:
             for token in [t for t, (c, _r) in _expected.items() if c is self]:

@@ -5,29 +5,29 @@ token).  The next put on that key opens a link to the consumer and starts
 the route (``start``, a request: the host grants it only if every earlier
 item of the key has gone to the consumer).  From then on every put there
 that would be a push goes straight to the consumer instead, numbered on the
-route, and returns once the link took it whole; a *copy* of it is queued for
-the host (``copies``), which keeps it in flight until the consumer has it.
-Copies go before any later message on the connection, in batches
-(``COPIES_ITEMS`` or ``COPIES_BYTES``), and on each heartbeat tick.
+route, and returns once the link took it whole.  The producer keeps each
+item until the consumer says it took it (a credit on the link, see
+``direct_in``), so that an item a dead consumer held is not lost.
 
-The producer ends a route (``unrouted``, with the number of items it sent;
-after the copies, before any later put) when the host asks (``unroute``),
-when the consumer has not taken ``ROUTE_WINDOW`` of its items, or when the
-link fails; the put that found it so goes through the host, after that message.
+The producer ends a route (``unrouted``: the number of items it sent, with
+copies of the ones the consumer has not said it took, which the host puts
+back if the consumer is gone or returns, and drops once the consumer
+acknowledges them) when the host asks (``unroute``), when the consumer has
+not taken ``ROUTE_WINDOW`` of its items, or when the link fails: before any
+later message, so the put that found it so goes through the host after it.
 """
 
 from __future__ import annotations
 
+import collections
 import json
-import struct
 import threading
 import time
 from typing import Optional
 
-from .protocol import CREDIT, DIRECT_HEAD, REPLY_GRACE, ROUTE_ITEMS, ROUTE_WINDOW, SendTimeout
+from .direct_wire import read_credit, send_item
+from .protocol import REPLY_GRACE, ROUTE_ITEMS, ROUTE_WINDOW, SendTimeout
 
-#: copies queued before they are sent with the put that makes them
-COPIES_ITEMS, COPIES_BYTES = 64, 256 << 10
 #: seconds a direct put waits for its link to take the item (a consumer that does not read: the route ends)
 DIRECT_SEND = 0.005
 #: seconds a route's link may take to open
@@ -35,13 +35,16 @@ DIAL_TIMEOUT = 2.0
 
 
 class _OutRoute:
-    __slots__ = ("r", "key", "token", "to", "link", "n", "credited", "started", "ending", "ended", "lock")
+    __slots__ = ("r", "key", "token", "to", "sock", "rest", "n", "credited", "kept", "started", "ending", "ended",
+                 "lock")
 
     def __init__(self, r: int, key: str, token: str, to: dict):
         self.r, self.key, self.token, self.to = r, key, token, to
-        self.link = None
+        self.sock = None  # the link's socket, taken over (see ``direct_wire``)
+        self.rest = b""  # the start of a credit cut by a read
         self.n = 0  # items sent on it
         self.credited = 0  # of those, taken by the consumer
+        self.kept: collections.deque = collections.deque()  # (n, weight, frames) sent and not yet credited
         self.started = False
         self.ending = False  # to end before the next message (``unrouted``)
         self.ended = False
@@ -53,9 +56,6 @@ class _DirectOut:
 
     def _init_direct_out(self) -> None:
         self._out_routes: dict[str, _OutRoute] = {}
-        self._copies: list = []  # (r, n, weight, frames), in the order sent
-        self._copies_bytes = 0
-        self._copies_lock = threading.Lock()  # held across taking the copies, sending them and keeping them
         self._ending = False  # a route is to end (see _OutRoute.ending)
         #: opens a link to a consumer's endpoints (set by ``connect``; None: this client takes no route)
         self._dial_direct = None
@@ -84,7 +84,7 @@ class _DirectOut:
                 return False
             if not route.started and not self._start_route(route, limit):
                 return False
-            if route.n - route.credited >= ROUTE_WINDOW // 2:
+            if len(route.kept) >= ROUTE_WINDOW // 2:
                 self._read_credits(route)
             if route.n - route.credited >= ROUTE_WINDOW or route.n >= ROUTE_ITEMS:
                 route.ending = self._ending = True  # the consumer is behind: the host queues for it
@@ -92,27 +92,30 @@ class _DirectOut:
             n = route.n + 1
             weight = ctrl["weight"]
             try:
-                route.link.send([DIRECT_HEAD.pack(n, weight), *frames], time.monotonic() + DIRECT_SEND)
+                send_item(route.sock, n, weight, frames, time.monotonic() + DIRECT_SEND)
             except Exception:  # nothing of it, or a torn part the consumer drops, went: it goes through the host
                 route.ending = self._ending = True
                 return False
+            except BaseException:  # interrupted: the socket is shut (the item may have gone whole)
+                route.ending = self._ending = True
+                raise
             route.n = n
-            with self._copies_lock:
-                self._copies.append((route.r, n, weight, frames))
-                self._copies_bytes += nbytes
-                full = len(self._copies) >= COPIES_ITEMS or self._copies_bytes >= COPIES_BYTES
+            route.kept.append((n, weight, frames))
         finally:
             route.lock.release()
-        if full:
-            self._send_copies(when_idle=True)  # else before the next message, or on a tick
         return True
 
     def _start_route(self, route: _OutRoute, limit: float) -> bool:
         """Open the route's link and ask the host to start it (under its lock)."""
         try:
-            route.link = self._dial_direct(route.to, {"service": "channel-direct", "token": route.token},
-                                           min(limit, DIAL_TIMEOUT))
+            link = self._dial_direct(route.to, {"service": "channel-direct", "token": route.token},
+                                     min(limit, DIAL_TIMEOUT))
         except Exception:
+            route.ending = self._ending = True
+            return False
+        route.sock = link.detach()  # nothing was read on it: its socket carries the route's own bytes
+        if route.sock is None:
+            link.close()
             route.ending = self._ending = True
             return False
         try:
@@ -129,49 +132,23 @@ class _DirectOut:
         return True
 
     def _read_credits(self, route: _OutRoute) -> None:
-        while True:
-            try:
-                msg = route.link.recv_nowait()
-            except Exception:
-                return
-            if msg is None:
-                return
-            try:
-                route.credited = max(route.credited, min(CREDIT.unpack(msg[1][0])[0], route.n))
-            except (struct.error, IndexError):
-                return
+        credit, route.rest = read_credit(route.sock, route.rest)
+        if credit is not None:
+            route.credited = max(route.credited, min(credit, route.n))
+            while route.kept and route.kept[0][0] <= route.credited:  # taken: nothing of it is at risk now
+                route.kept.popleft()
 
     def _drop_route(self, route: _OutRoute) -> None:
         if self._out_routes.get(route.key) is route:
             del self._out_routes[route.key]
-        if route.link is not None:
+        if route.sock is not None:
             try:
-                route.link.close()  # the consumer reads what was sent, then the end
-            except Exception:
+                route.sock.close()  # the consumer reads what was sent, then the end
+            except OSError:
                 pass
 
-    def _send_copies(self, limit: Optional[float] = None, when_idle: bool = False) -> bool:
-        """Send the queued copies; False if they are still queued (the connection was held)."""
-        lock = self._copies_lock
-        if not (lock.acquire(False) if when_idle else lock.acquire(timeout=self._send_timeout if limit is None else limit)):
-            return False
-        try:
-            if not self._copies:
-                return True
-            copies = self._copies
-            ctrl = {"id": 0, "op": "copies", "r": [c[0] for c in copies], "n": [c[1] for c in copies],
-                    "w": [c[2] for c in copies], "sizes": [len(c[3]) for c in copies]}
-            if not self._send_one_way(ctrl, limit, when_idle, [f for c in copies for f in c[3]]):
-                return False
-            self._copies, self._copies_bytes = [], 0
-            return True
-        finally:
-            lock.release()
-
     def _end_routes_out(self, limit: Optional[float] = None, when_idle: bool = False) -> bool:
-        """Send the copies, then end the routes that are ending; False if something is still to send."""
-        if not self._send_copies(limit, when_idle):
-            return False
+        """End the routes that are ending (``unrouted``, with the copies); False if one could not go now."""
         if not self._ending:
             return True
         self._ending = False
@@ -182,8 +159,12 @@ class _DirectOut:
             try:
                 if route.ended:
                     continue
-                if not self._send_copies(limit, when_idle) or not self._send_one_way(
-                        {"id": 0, "op": "unrouted", "r": route.r, "last": route.n}, limit, when_idle):
+                if route.sock is not None:
+                    self._read_credits(route)
+                kept = list(route.kept)
+                ctrl = {"id": 0, "op": "unrouted", "r": route.r, "last": route.n, "n": [k[0] for k in kept],
+                        "w": [k[1] for k in kept], "sizes": [len(k[2]) for k in kept]}
+                if not self._send_one_way(ctrl, limit, when_idle, [f for k in kept for f in k[2]]):
                     self._ending = True
                     return False
                 route.ended = True

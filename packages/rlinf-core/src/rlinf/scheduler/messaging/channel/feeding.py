@@ -171,7 +171,6 @@ class _Feeds:
             self._returns.append(({"id": 0, "op": "dreturn", "key": key, "ids": [rid for rid, _ in direct],
                                    "w": weights, "sizes": [len(f) for _, f in direct]},
                                   [f for _, frames in direct for f in frames]))
-            self._credit(direct)
         if end or len(direct) < len(items):
             self._returns.append(({"id": 0, "op": "return", "key": key, "ids": [rid for rid, _ in items if rid < DIRECT_BASE],
                                    "end": end}, ()))

@@ -74,7 +74,6 @@ reply has been read, so a lone put is no slower than with a commit of its own.
 from __future__ import annotations
 
 import json
-import struct
 
 from ...base import config
 
@@ -126,11 +125,6 @@ DIRECT_BASE = 1 << 62
 ROUTE_ITEMS = (1 << 20) - 1
 #: items a producer may send on a route that its consumer has not taken yet (then it ends the route)
 ROUTE_WINDOW = 64
-
-
-#: the head of an item on a route's link: its number on the route and its weight (a credit: items taken)
-DIRECT_HEAD = struct.Struct("<Id")
-CREDIT = struct.Struct("<Q")
 
 
 def direct_id(r: int, n: int) -> int:

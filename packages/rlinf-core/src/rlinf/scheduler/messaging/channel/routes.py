@@ -12,16 +12,18 @@ consumer, each numbered ``n`` = 1, 2, ... on the route.  The consumer treats
 them as fed items: it acknowledges each (id ``direct_id(r, n)``) and returns
 the ones it does not hand out, with their bytes (``dreturn``).
 
-Nothing is lost with either process: the producer also sends the host a
-*copy* of each item (``copies``, in batches, before any later message of
-its own), which the host holds as in flight to the consumer, dropped on the
-consumer's acknowledgement and put back on its return or its death.  An item
-is *resolved* once, by whichever of these comes first; the others are
-ignored.  A route ends when the consumer's feed ends (the host says
-``unroute``), or the producer ends it (its window of unacknowledged items is
-full, or its link failed): the producer then says how many items it sent
-(``unrouted``, ``last``), and if the feed goes on the consumer hears it
-(``route_end``) and holds the items fed after it until it has those.  The
+Nothing is lost with either process: the producer keeps each item until
+the consumer says, on their link, that it took it (after its acknowledgement
+went to the host).  A route ends when the consumer's feed ends or the
+consumer goes (the host says ``unroute``), or the producer ends it (the
+consumer has not taken ``ROUTE_WINDOW`` of its items, or the link failed):
+the producer then says how many items it sent (``unrouted``, ``last``) and
+sends with it *copies* of the ones it still keeps, which the host holds in
+flight to the consumer, drops on the consumer's acknowledgement and puts
+back on its return or its death.  An item is *resolved* once, by whichever
+of these comes first; the others are ignored.  If the feed goes on, the
+consumer hears of the end (``route_end``) and holds the items fed after it
+until it has the route's last one.  The
 key's gets wait (as for a recalled feed, ``RECALL_WAIT`` at most) while a
 route of an ended feed has items not yet resolved.  The route's items all
 take their place in the queue where the route started (``seq0``): after the
@@ -43,7 +45,7 @@ from .queues import _Conn, _Feed, _Queue
 #: seconds after a refused start before the producer is offered a route on that key again
 REFUSED_PAUSE = 1.0
 #: the route messages of clients
-_ROUTE_OPS = frozenset(("copies", "dreturn", "start", "unrouted", "route_done"))
+_ROUTE_OPS = frozenset(("dreturn", "start", "unrouted", "route_done"))
 
 
 @dataclass(eq=False)
@@ -60,7 +62,20 @@ class _Route:
     last: Optional[int] = None  # items the producer sent on it (once known)
     resolved: int = 0
     copies: dict = field(default_factory=dict)  # n -> item (frames, weight, seq), in flight to the consumer
-    done: set = field(default_factory=set)  # n resolved before its copy came
+    done_upto: int = 0  # items 1..done_upto are resolved, and those in ``done`` (the consumer takes them in order)
+    done: set = field(default_factory=set)
+
+    def is_done(self, n: int) -> bool:
+        return n <= self.done_upto or n in self.done
+
+    def mark_done(self, n: int) -> None:
+        if n == self.done_upto + 1:
+            self.done_upto = n
+            while self.done_upto + 1 in self.done:
+                self.done_upto += 1
+                self.done.discard(self.done_upto)
+        else:
+            self.done.add(n)
 
 
 class _Routes:
@@ -95,8 +110,6 @@ class _Routes:
             self._reply(a, {"id": 0, "op": "route", "key": key, "r": r, "token": route.token, "to": f.conn.direct})
 
     def _route_op(self, conn: _Conn, op: str, ctrl: dict, item: list) -> None:
-        if op == "copies":
-            return self._copies(conn, ctrl, item)
         if op == "dreturn":
             return self._dreturn(conn, ctrl, item)
         route = self._routes.get(int(ctrl.get("r", 0)))
@@ -106,6 +119,7 @@ class _Routes:
         if route is None:
             return
         if op == "unrouted" and route.a is conn:
+            self._copies(route, ctrl, item)
             self._unrouted(route, max(0, min(int(ctrl["last"]), ROUTE_ITEMS)))
         elif op == "route_done" and route.b is conn and not route.a.alive and route.last is None:
             route.last = max(0, min(int(ctrl["count"]), ROUTE_ITEMS))  # the producer is gone: the count the consumer read
@@ -155,45 +169,43 @@ class _Routes:
     def _item_of(self, route: _Route, n: int, frames, weight: float) -> tuple:
         return (_own(frames, self._blocks), float(weight), route.seq0 + n / (ROUTE_ITEMS + 1))
 
-    def _copies(self, conn: _Conn, ctrl: dict, item: list) -> None:
-        """Copies of items a producer sent on its routes (``r``, ``n``, ``w``, ``sizes``, in order)."""
-        rs, ns, ws, sizes = ctrl["r"], ctrl["n"], ctrl["w"], [int(s) for s in ctrl["sizes"]]
-        if not (len(rs) == len(ns) == len(ws) == len(sizes)) or sum(sizes) != len(item) or min(sizes, default=1) < 1:
+    def _copies(self, route: _Route, ctrl: dict, item: list) -> None:
+        """Copies of the items the producer sent on ``route`` that its consumer had not said it took
+        (``n``, ``w``, ``sizes``): in flight until the consumer acknowledges or returns them, or back now if
+        it is gone.  Checked whole before anything is applied."""
+        ns, ws, sizes = ctrl.get("n", []), ctrl.get("w", []), [int(s) for s in ctrl.get("sizes", [])]
+        if not (len(ns) == len(ws) == len(sizes)) or sum(sizes) != len(item) or min(sizes, default=1) < 1:
             raise ValueError("copies whose sizes do not match their frames")
-        pos, touched = 0, set()
-        for r, n, w, size in zip(rs, ns, ws, sizes):
-            frames, pos = item[pos:pos + size], pos + size
-            route = self._routes.get(int(r))
-            n = int(n)
-            if route is None or route.a is not conn or not 0 < n <= ROUTE_ITEMS:
+        if not all(0 < int(n) <= ROUTE_ITEMS for n in ns):
+            raise ValueError("copies of items no route carries")
+        pos, back = 0, []
+        q = self._queues.setdefault(route.key, _Queue())
+        for n, w, size in zip(ns, ws, sizes):
+            frames, pos, n = item[pos:pos + size], pos + size, int(n)
+            if route.is_done(n) or n in route.copies:  # acknowledged or returned already
                 continue
-            if n in route.done:  # acknowledged or returned before its copy came
-                route.done.discard(n)
-                continue
-            q = self._queues.setdefault(route.key, _Queue())
             if not route.b.alive:  # its consumer is gone: the item goes back
-                self._requeue(route.key, [self._item_of(route, n, frames, w)])
+                back.append(self._item_of(route, n, frames, w))
+                route.mark_done(n)
                 route.resolved += 1
-                touched.add(route)
                 continue
             route.copies[n] = self._item_of(route, n, frames, w)
             q.fed += 1
-        for route in touched:
-            self._maybe_close(route)
-            self._progress(route.key)
+        if back:
+            self._requeue(route.key, back)
+            self._feed_later.add(route.key)
 
     def _acked_direct(self, conn: _Conn, i: int) -> Optional[str]:
         """The consumer handed out direct item ``i``; the key to serve, if any."""
         r, n = split_direct(i)
         route = self._routes.get(r)
-        if route is None or route.b is not conn or n in route.done:
+        if route is None or route.b is not conn or route.is_done(n):
             return None
         copy = route.copies.pop(n, None)
         if copy is not None:
             self._blocks.give_back(copy[0])
             self._queues[route.key].fed -= 1
-        else:
-            route.done.add(n)
+        route.mark_done(n)
         route.resolved += 1
         self._maybe_close(route)
         return route.key
@@ -212,15 +224,15 @@ class _Routes:
             if route is None or route.b is not conn:  # its route is closed (its producer is gone): at the tail
                 back.append((_own(frames, self._blocks), float(w), float(next(self._item_seq))))
                 continue
-            if n in route.done:
+            if route.is_done(n):
                 continue
             copy = route.copies.pop(n, None)
             if copy is not None:
                 self._queues[route.key].fed -= 1
                 back.append(copy)
             else:
-                route.done.add(n)
                 back.append(self._item_of(route, n, frames, w))
+            route.mark_done(n)
             route.resolved += 1
             self._maybe_close(route)
         if back:
@@ -243,6 +255,8 @@ class _Routes:
                 q.fed -= len(route.copies)
                 self._requeue(route.key, list(route.copies.values()))
                 route.resolved += len(route.copies)
+                for n in route.copies:
+                    route.mark_done(n)
                 route.copies.clear()
                 touched.add(route.key)
             if route.live and route.a.alive:

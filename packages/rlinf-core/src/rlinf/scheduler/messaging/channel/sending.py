@@ -105,7 +105,7 @@ class _Sends:
         if batch and (self._batch is not None or self._flushing):
             self.flush_batch(limit, final=False)  # one that cannot go within this message's limit stays queued
         self._send_abandoned(limit)
-        if (self._copies or self._ending) and not self._end_routes_out(limit):  # direct routes' copies and ends
+        if self._ending and not self._end_routes_out(limit):  # direct routes that end go before this message
             raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True)
         if self._returns and not self._send_returns(limit):  # fed items given back go before this message
             raise SendTimeout(f"another send held the connection for {limit:g} s", busy=True)
