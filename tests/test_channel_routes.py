@@ -21,7 +21,7 @@ from rlinf.scheduler.transports.cpu_transport import CpuTransport
 
 from p2p_helpers import wait_for
 from test_channel_feed_order import _get, _put
-from test_channel_trust import _Host
+from test_channel_trust import _Host, _frames
 
 
 class _RoutedHost(_Host):
@@ -245,3 +245,71 @@ def test_the_producer_forgets_what_the_consumer_took(routed):
         assert _get(c, "k") == i
     route = p._out_routes["k"]  # the route lives on: c keeps up
     assert route.n == 200 and len(route.kept) <= ROUTE_WINDOW // 2  # c's credits let p forget what c took
+
+
+def test_two_threads_putting_through_a_route_that_ends_keep_their_own_order(routed):
+    """Two producer threads share a route; the consumer falls behind, so the route ends while both put:
+    whichever way each item went (straight, kept and copied back, through the host), each thread's items
+    come out in the order it put them, once."""
+    h = routed("routes_two_threads")
+    p, c = _routed_pair(h)
+    n = ROUTE_WINDOW * 2
+
+    def produce(tag):
+        for i in range(n):
+            _put(p, "k", (tag, i))
+
+    threads = [threading.Thread(target=produce, args=(tag,)) for tag in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    got = [_get(c, "k") for _ in range(2 * n)]
+    for tag in "ab":
+        assert [i for t, i in got if t == tag] == list(range(n))
+    wait_for(lambda: _host_state(h) == {"routes": 0, "fed": 0, "items": 0, "held_routes": 0}, 5, "nothing left")
+
+
+def test_a_put_that_cannot_go_straight_ends_the_route_first(routed):
+    """A put that goes as a request (``put_nowait``, a large item, one behind an unanswered put) while the
+    route is live ends the route before it: it cannot overtake the items sent straight before it."""
+    h = routed("routes_request_put")
+    p, c = _routed_pair(h)
+    for i in (2, 3):
+        _put(p, "k", i)
+    assert p._out_routes["k"].n == 2
+    _, fut = p.request({"op": "put", "key": "k", "weight": 0.0, "nowait": True}, _frames(4), blocking=True)
+    assert not p.wait_reply(fut, 5)[0].get("error")
+    assert "k" not in p._out_routes
+    assert [_get(c, "k") for _ in range(3)] == [2, 3, 4]
+    wait_for(lambda: _host_state(h) == {"routes": 0, "fed": 0, "items": 0, "held_routes": 0}, 5, "nothing left")
+
+
+def test_an_item_kept_for_the_consumer_is_the_one_put_not_the_buffer_reused_after(routed):
+    np = pytest.importorskip("numpy")
+    h = routed("routes_snapshot")
+    p, c = _routed_pair(h)
+    arr = np.zeros(16, dtype=np.int64)
+    _put(p, "k", arr)  # straight to c, kept by p until c says it took it
+    arr[:] = 7  # the caller reuses its buffer once put returned
+    d = h.client("d")
+    got = _get(d, "k")  # c's feed is recalled; p's copy and c's return both say what was put
+    assert (got == 0).all()
+
+
+def test_gets_after_a_feed_ends_do_not_wait_for_an_idle_producer(routed, monkeypatch):
+    """A producer with a started route reads its connection, so it ends the route as soon as the consumer's
+    feed ends, not on its next heartbeat (3 s here): a get_nowait finds the queued item, a get gets it."""
+    monkeypatch.setenv("RLINF_CHANNEL_HEARTBEAT", "3.0")
+    h = routed("routes_idle_producer")
+    p, c = _routed_pair(h)
+    _put(p, "k", 2)
+    assert p._out_routes["k"].started and _get(c, "k") == 2
+    q = h.client("q")
+    _put(q, "k", 100)  # fed to c
+    time.sleep(0.8)  # p's first heartbeat (right after it connected) is long over: p reads nothing now unless it must
+    d = h.client("d")
+    start = time.monotonic()
+    assert _get(d, "k") == 100  # c's feed is recalled; its item comes back; the route ends
+    assert time.monotonic() - start < 1.0
+    wait_for(lambda: _host_state(h) == {"routes": 0, "fed": 0, "items": 0, "held_routes": 0}, 5, "nothing left")

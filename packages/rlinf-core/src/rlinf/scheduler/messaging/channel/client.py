@@ -218,9 +218,6 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds, _DirectIn, _Direc
                 self._route_offer(ctrl)  # a route for this producer (see ``direct_out``)
             elif op == "go":
                 self._route_go(ctrl)  # a route to this consumer (see ``direct_in``)
-            elif op == "route_end":
-                with self._fed_cond:
-                    self._route_end(ctrl)
             elif "key" in ctrl:
                 self._route_feed(ctrl, frames[1:])  # items fed ahead, or a recall
             elif ctrl.get("op") == "acks":
@@ -276,7 +273,7 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds, _DirectIn, _Direc
             # else: a reply to a request given up; the cancel sent for it makes the host put its items back
 
     def _awaited(self) -> bool:
-        return bool(self._pending) or self._ping_out
+        return bool(self._pending) or self._ping_out or (bool(self._out_routes) and self._routes_awaited())
 
     def _claim(self) -> bool:
         """Become the reader; False if another thread reads (a callback never runs in a reader)."""
@@ -404,6 +401,7 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds, _DirectIn, _Direc
             self._offer_ack_link()
             if self._ending:
                 self._end_routes_out(when_idle=True)
+            self._prune_links()
 
     def _read_for_a_tick(self) -> None:
         """Read for one heartbeat tick while a callback runs and no one else reads.

@@ -11,11 +11,6 @@ acknowledged with its own id (``direct_id``), and given back with its bytes
 (``dreturn``) if the user does not take it.  The producer may have at most
 ``ROUTE_WINDOW`` items not yet taken here: every ``CREDIT_EVERY`` taken (or
 given back), this process says so on the route's link (a bare count, see ``direct_wire``).
-
-A route whose producer ended it while the feed goes on (``route_end``, with
-its last item) holds the items fed after that message until the route has
-delivered its last one: the producer's later items came through the host and
-must not overtake its earlier, direct ones.
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ from .protocol import ROUTE_WINDOW, direct_id, split_direct
 #: items taken between two credits on a route's link
 CREDIT_EVERY = 16
 #: seconds a route's link waits for the host's ``go`` before it is closed, and the most that wait
-LINK_WAIT, LINKS_WAITING = 30.0, 256
+LINK_WAIT, LINKS_WAITING = 10.0, 256
 #: microseconds a get with routes polls before it sleeps (the next item of a route often comes within it,
 #: and a sleeping consumer costs every item a wake-up: a ping-pong round went from 160-250 to 70-90 us)
 SPIN_ENV, DEFAULT_SPIN_US = "RLINF_CHANNEL_GET_SPIN_US", 200.0
@@ -51,19 +46,24 @@ def on_direct(link, info: dict) -> None:
     if sock is None:
         link.close()
         return
-    now = time.monotonic()
     with _lock:
-        for old in [t for t, (_l, when) in _arrived.items() if now - when > LINK_WAIT]:
-            _arrived.pop(old)[0].close()
+        prune()
         waiting = _expected.pop(token, None)
         if waiting is None:
             if len(_arrived) >= LINKS_WAITING:  # nobody expects so many: the newest goes
                 sock.close()
                 return
-            _arrived[token] = (sock, now)
+            _arrived[token] = (sock, time.monotonic())
             return
     client, route = waiting
     client._attach_route(route, sock)
+
+
+def prune() -> None:
+    """Close the links no ``go`` named within ``LINK_WAIT`` (a refused start leaves its link here)."""
+    now = time.monotonic()
+    for old in [t for t, (_s, when) in _arrived.items() if now - when > LINK_WAIT]:
+        _arrived.pop(old)[0].close()
 
 
 def serve_direct(endpoints: Optional[dict]) -> None:
@@ -98,7 +98,7 @@ def direct_endpoints() -> Optional[dict]:
 
 
 class _InRoute:
-    __slots__ = ("r", "key", "token", "sock", "reader", "feed", "count", "taken", "credited", "fd")
+    __slots__ = ("r", "key", "token", "sock", "reader", "feed", "count", "taken", "taken_out", "credited", "fd")
 
     def __init__(self, r: int, key: str, token: str, feed):
         self.r, self.key, self.token, self.feed = r, key, token, feed
@@ -106,7 +106,8 @@ class _InRoute:
         self.reader: Optional[Reader] = None
         self.fd: Optional[int] = None
         self.count = 0  # items read on it
-        self.taken = 0  # of those, taken or given back
+        self.taken = 0  # items 1..taken were acknowledged (and those in taken_out: two threads may take)
+        self.taken_out: set = set()
         self.credited = 0
 
 
@@ -126,6 +127,7 @@ class _DirectIn:
         """The host's ``go`` for a route to this process (read with the connection's lock on feeds)."""
         route = _InRoute(int(ctrl["r"]), ctrl["key"], str(ctrl["token"]), self._feeds.get(ctrl["key"]))
         with _lock:
+            prune()
             arrived = _arrived.pop(route.token, None)
             if arrived is None:
                 _expected[route.token] = (self, route)
@@ -139,13 +141,6 @@ class _DirectIn:
         route.sock, route.reader, route.fd = sock, Reader(sock), sock.fileno()
         self._in_routes[route.r] = route
         self._in_poll = None
-
-    def _route_end(self, ctrl: dict) -> None:
-        """The producer of a route ended it at item ``last`` while the feed goes on (under ``_fed_cond``)."""
-        route = self._in_routes.get(int(ctrl["r"]))
-        feed = self._feeds.get(ctrl["key"])
-        if route is not None and feed is not None and route.count < int(ctrl["last"]):
-            feed.blocker = (route, int(ctrl["last"]))
 
     def _links_poll(self):
         poll = self._in_poll
@@ -207,11 +202,6 @@ class _DirectIn:
                 self._queue_return(route.key, [(rid, frames)], False)
                 return
             feed.buffer.append((rid, frames))
-            blocker = feed.blocker
-            if blocker is not None and blocker[0] is route and route.count >= blocker[1]:
-                feed.buffer.extend(feed.held)  # fed items held for the route's last ones go on
-                feed.held.clear()
-                feed.blocker = None
             if self._fed_waiting:
                 self._fed_cond.notify_all()
 
@@ -221,20 +211,23 @@ class _DirectIn:
         self._in_poll = None
         route.sock.close()
         self._returns.append(({"id": 0, "op": "route_done", "r": route.r, "count": route.count}, ()))
-        with self._fed_cond:
-            feed = self._feeds.get(route.key)
-            if feed is not None and feed.blocker is not None and feed.blocker[0] is route:
-                feed.buffer.extend(feed.held)
-                feed.held.clear()
-                feed.blocker = None
 
-    def _credit(self, items) -> None:
-        """Direct items left this process's hands (taken or given back): tell their producers, now and then."""
-        for rid, _frames in items:
-            route = self._in_routes.get(split_direct(rid)[0])
-            if route is None:
-                continue
-            route.taken += 1
+    def _credit(self, rid: int) -> None:
+        """Direct item ``rid`` was acknowledged to the host: tell its producer, now and then, how many of
+        the route's first items were (it keeps them until then)."""
+        r, n = split_direct(rid)
+        route = self._in_routes.get(r)
+        if route is None:
+            return
+        with self._fed_cond:  # threads that took items of one route acknowledge them in any order
+            if n != route.taken + 1:
+                if n > route.taken:
+                    route.taken_out.add(n)
+                return
+            route.taken = n
+            while route.taken + 1 in route.taken_out:
+                route.taken += 1
+                route.taken_out.discard(route.taken)
             if route.taken - route.credited >= CREDIT_EVERY:
                 route.credited = route.taken
                 try:
@@ -242,9 +235,16 @@ class _DirectIn:
                 except OSError:
                     pass  # its producer is gone, or does not read: the route ends from its side
 
+    @staticmethod
+    def _prune_links() -> None:
+        """Heartbeat tick: close the links no ``go`` named in time."""
+        if _arrived:
+            with _lock:
+                prune()
+
     def _took_direct(self, rid: int) -> None:
         self._direct_weights.pop(rid, None)
-        self._credit([(rid, None)])
+        self._credit(rid)
 
     def _close_routes_in(self) -> None:
         for route in list(self._in_routes.values()):

@@ -13,8 +13,11 @@ The producer ends a route (``unrouted``: the number of items it sent, with
 copies of the ones the consumer has not said it took, which the host puts
 back if the consumer is gone or returns, and drops once the consumer
 acknowledges them) when the host asks (``unroute``), when the consumer has
-not taken ``ROUTE_WINDOW`` of its items, or when the link fails: before any
-later message, so the put that found it so goes through the host after it.
+not taken ``ROUTE_WINDOW`` of its items, when the link fails, or before a put
+on its key that cannot go straight (a request: ``put_nowait``, a large item):
+before any later message, so such a put goes through the host after it.  A
+producer with a started route reads its connection (it is *awaited*), so it
+hears an ``unroute`` at once, and the consumer's next owner waits for nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import threading
 import time
 from typing import Optional
 
-from .direct_wire import read_credit, send_item
+from .direct_wire import read_credit, send_item, shut
 from .protocol import REPLY_GRACE, ROUTE_ITEMS, ROUTE_WINDOW, SendTimeout
 
 #: seconds a direct put waits for its link to take the item (a consumer that does not read: the route ends)
@@ -56,7 +59,8 @@ class _DirectOut:
 
     def _init_direct_out(self) -> None:
         self._out_routes: dict[str, _OutRoute] = {}
-        self._ending = False  # a route is to end (see _OutRoute.ending)
+        self._ending = False  # a route is to end (see _OutRoute.ending): set before the route's own mark
+        self._ending_lock = threading.Lock()
         #: opens a link to a consumer's endpoints (set by ``connect``; None: this client takes no route)
         self._dial_direct = None
 
@@ -69,7 +73,13 @@ class _DirectOut:
                 self._out_routes[key] = _OutRoute(int(ctrl["r"]), key, str(ctrl["token"]), ctrl["to"])
             return
         if route is not None and route.r == int(ctrl["r"]):
-            route.ending = self._ending = True  # ended before the next message, or on a heartbeat tick
+            self._mark_ending(route)  # ended before the next message, or on a heartbeat tick
+
+    def _mark_ending(self, route: _OutRoute) -> None:
+        """``route`` ends before the next message (any thread's: ``_before_send`` looks at ``_ending``)."""
+        with self._ending_lock:
+            self._ending = True
+            route.ending = True
 
     def put_direct(self, ctrl: dict, frames, nbytes: int, limit: float) -> bool:
         """Send a put straight to the consumer on its key's route; False if it has none (or it just
@@ -77,8 +87,8 @@ class _DirectOut:
         route = self._out_routes.get(ctrl["key"])
         if route is None or route.ending:
             return False
-        if not route.lock.acquire(timeout=limit):
-            return False
+        if not route.lock.acquire(timeout=limit):  # (not through the host: it could overtake this thread's earlier items)
+            raise SendTimeout(f"another put on the route held it for {limit:g} s", busy=True)
         try:
             if route.ending or route.ended:
                 return False
@@ -87,20 +97,22 @@ class _DirectOut:
             if len(route.kept) >= ROUTE_WINDOW // 2:
                 self._read_credits(route)
             if route.n - route.credited >= ROUTE_WINDOW or route.n >= ROUTE_ITEMS:
-                route.ending = self._ending = True  # the consumer is behind: the host queues for it
+                self._mark_ending(route)  # the consumer is behind: the host queues for it
                 return False
             n = route.n + 1
             weight = ctrl["weight"]
+            kept = [f if type(f) is bytes else bytes(f) for f in frames]  # the caller may reuse its buffers
             try:
                 send_item(route.sock, n, weight, frames, time.monotonic() + DIRECT_SEND)
+                route.n = n
+                route.kept.append((n, weight, kept))
             except Exception:  # nothing of it, or a torn part the consumer drops, went: it goes through the host
-                route.ending = self._ending = True
+                self._mark_ending(route)
                 return False
-            except BaseException:  # interrupted: the socket is shut (the item may have gone whole)
-                route.ending = self._ending = True
+            except BaseException:  # interrupted: nothing more goes on the socket (n is never sent twice)
+                self._mark_ending(route)
+                shut(route.sock)
                 raise
-            route.n = n
-            route.kept.append((n, weight, frames))
         finally:
             route.lock.release()
         return True
@@ -111,24 +123,27 @@ class _DirectOut:
             link = self._dial_direct(route.to, {"service": "channel-direct", "token": route.token},
                                      min(limit, DIAL_TIMEOUT))
         except Exception:
-            route.ending = self._ending = True
+            self._mark_ending(route)
             return False
         route.sock = link.detach()  # nothing was read on it: its socket carries the route's own bytes
         if route.sock is None:
             link.close()
-            route.ending = self._ending = True
+            self._mark_ending(route)
             return False
         try:
             _rid, fut = self.request({"op": "start", "r": route.r}, (), limit, blocking=True)
             reply = self.wait_reply(fut, limit + REPLY_GRACE)
-        except SendTimeout:
-            route.ending = self._ending = True  # the host never heard of the start: it ends with nothing sent
-            return False
+        except BaseException as exc:  # no answer: it ends with nothing sent on it (the host may have started it)
+            self._mark_ending(route)
+            if isinstance(exc, Exception):
+                return False  # the put goes through the host (which raises if the host is gone)
+            raise
         if reply[0].get("value") is not True or route.ended:  # refused (the host forgot it), or ended meanwhile
             route.ended = True
             self._drop_route(route)
             return False
         route.started = True
+        self._nudge()  # the background reader reads from now on: an ``unroute`` must be heard at once
         return True
 
     def _read_credits(self, route: _OutRoute) -> None:
@@ -151,10 +166,14 @@ class _DirectOut:
         """End the routes that are ending (``unrouted``, with the copies); False if one could not go now."""
         if not self._ending:
             return True
-        self._ending = False
         for route in [r for r in list(self._out_routes.values()) if r.ending and not r.ended]:
-            if not route.lock.acquire(timeout=self._send_timeout if limit is None else limit):
-                self._ending = True
+            # a heartbeat tick never waits; nor does anyone for a route that carried nothing (its end may go
+            # later: no item can overtake it), whose lock a thread starting it may hold
+            quick = when_idle or not route.n
+            if not (route.lock.acquire(False) if quick else
+                    route.lock.acquire(timeout=self._send_timeout if limit is None else limit)):
+                if quick:
+                    continue
                 return False
             try:
                 if route.ended:
@@ -165,13 +184,18 @@ class _DirectOut:
                 ctrl = {"id": 0, "op": "unrouted", "r": route.r, "last": route.n, "n": [k[0] for k in kept],
                         "w": [k[1] for k in kept], "sizes": [len(k[2]) for k in kept]}
                 if not self._send_one_way(ctrl, limit, when_idle, [f for k in kept for f in k[2]]):
-                    self._ending = True
                     return False
                 route.ended = True
                 self._drop_route(route)
             finally:
                 route.lock.release()
+        with self._ending_lock:  # a route marked meanwhile set it again after its own mark: it stays set
+            self._ending = any(r.ending and not r.ended for r in self._out_routes.values())
         return True
+
+    def _routes_awaited(self) -> bool:
+        """Whether a started route may be told to end (the connection must then be read)."""
+        return any(r.started and not r.ended for r in list(self._out_routes.values()))
 
     def _close_routes_out(self) -> None:
         for route in list(self._out_routes.values()):

@@ -38,10 +38,10 @@ def send_item(sock: socket.socket, n: int, weight: float, frames, deadline: floa
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            _shut(sock)
+            shut(sock)
             raise ConnectionError(f"the route's link failed: {exc}") from None
         except BaseException:  # interrupted: a part may have gone, so nothing more goes on this socket
-            _shut(sock)
+            shut(sock)
             raise
         went += sent
         left_bytes -= sent
@@ -52,7 +52,7 @@ def send_item(sock: socket.socket, n: int, weight: float, frames, deadline: floa
         if left <= 0 or not _writable(sock, left):
             if not went:
                 raise TimeoutError("the route's link took nothing")
-            _shut(sock)
+            shut(sock)
             raise ConnectionError("the route's link took an item only in part")
 
 
@@ -74,7 +74,7 @@ def _rest(parts: list, sent: int) -> list:
     return out
 
 
-def _shut(sock: socket.socket) -> None:
+def shut(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_WR)
     except OSError:

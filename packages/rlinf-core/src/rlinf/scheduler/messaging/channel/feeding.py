@@ -34,15 +34,11 @@ FEED_IDLE = 5.0
 
 
 class _Feed:
-    __slots__ = ("buffer", "used", "blocker", "held")
+    __slots__ = ("buffer", "used")
 
     def __init__(self):
         self.buffer: collections.deque = collections.deque()  # (item id, frames), oldest first
         self.used = time.monotonic()
-        #: (a direct route, its last item): fed items that came after its end wait (``held``) until it has
-        #: delivered that one (see ``direct_in``)
-        self.blocker: Optional[tuple] = None
-        self.held: list = []
 
 
 class _Feeds:
@@ -68,17 +64,17 @@ class _Feeds:
                 if feed is None:  # it ended here while these were on their way: they go back
                     self._queue_return(key, [(rid, None) for rid in ctrl["ids"]], False)
                     return
-                pos, into = 0, feed.held if feed.blocker is not None else feed.buffer
+                pos = 0
                 for rid, n in zip(ctrl["ids"], ctrl["sizes"]):
-                    into.append((rid, frames[pos:pos + n]))
+                    feed.buffer.append((rid, frames[pos:pos + n]))
                     pos += n
             elif op == "recall":
                 if feed is None:
                     return
                 del self._feeds[key]
                 self._fed_until = time.monotonic() + FEED_IDLE
-                if feed.buffer or feed.held:
-                    self._queue_return(key, [*feed.buffer, *feed.held], False)
+                if feed.buffer:
+                    self._queue_return(key, list(feed.buffer), False)
             elif feed is None:
                 self._feeds[key] = _Feed()
                 self._offer_ack_link()  # now, not on the next heartbeat tick: acks wake no one from then on
@@ -159,7 +155,7 @@ class _Feeds:
             if feed is None:
                 return
             self._fed_until = time.monotonic() + FEED_IDLE
-            self._queue_return(key, [*feed.buffer, *feed.held], True)
+            self._queue_return(key, list(feed.buffer), True)
         self._send_returns(when_idle=when_idle)
 
     def _queue_return(self, key: str, items: list, end: bool) -> None:

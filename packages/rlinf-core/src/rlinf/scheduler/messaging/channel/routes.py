@@ -21,9 +21,10 @@ the producer then says how many items it sent (``unrouted``, ``last``) and
 sends with it *copies* of the ones it still keeps, which the host holds in
 flight to the consumer, drops on the consumer's acknowledgement and puts
 back on its return or its death.  An item is *resolved* once, by whichever
-of these comes first; the others are ignored.  If the feed goes on, the
-consumer hears of the end (``route_end``) and holds the items fed after it
-until it has the route's last one.  The
+of these comes first; the others are ignored.  If the feed goes on when a
+route that carried items ends, the host recalls it (the consumer's next get
+asks for a new one), so the producer's later items, which come through the
+host, cannot overtake the route's.  The
 key's gets wait (as for a recalled feed, ``RECALL_WAIT`` at most) while a
 route of an ended feed has items not yet resolved.  The route's items all
 take their place in the queue where the route started (``seq0``): after the
@@ -60,6 +61,7 @@ class _Route:
     live: bool = True  # the producer may still send on it
     seq0: float = 0.0  # where its items stand in the queue
     last: Optional[int] = None  # items the producer sent on it (once known)
+    got: Optional[int] = None  # items the consumer read on it, once its link ended (``route_done``)
     resolved: int = 0
     copies: dict = field(default_factory=dict)  # n -> item (frames, weight, seq), in flight to the consumer
     done_upto: int = 0  # items 1..done_upto are resolved, and those in ``done`` (the consumer takes them in order)
@@ -121,8 +123,10 @@ class _Routes:
         if op == "unrouted" and route.a is conn:
             self._copies(route, ctrl, item)
             self._unrouted(route, max(0, min(int(ctrl["last"]), ROUTE_ITEMS)))
-        elif op == "route_done" and route.b is conn and not route.a.alive and route.last is None:
-            route.last = max(0, min(int(ctrl["count"]), ROUTE_ITEMS))  # the producer is gone: the count the consumer read
+        elif op == "route_done" and route.b is conn:
+            route.got = max(0, min(int(ctrl["count"]), ROUTE_ITEMS))  # nothing more comes on its link
+            if not route.a.alive and route.last is None:
+                route.last = route.got  # the producer is gone: what the consumer read is all it sent
             self._maybe_close(route)
 
     def _start(self, conn: _Conn, route: Optional[_Route]) -> bool:
@@ -144,13 +148,16 @@ class _Routes:
         return True
 
     def _unrouted(self, route: _Route, last: int) -> None:
-        """The producer sent ``last`` items on ``route`` and no more."""
-        feed_on = route.live and self._queues.get(route.key) is not None and self._queues[route.key].feed is route.feed
+        """The producer sent ``last`` items on ``route`` and no more.  If the feed goes on, it is recalled:
+        the producer's later items come through the host and must not overtake the route's (which may still
+        be on their way), so every item the consumer holds goes back to its place first."""
+        q = self._queues.get(route.key)
         route.live, route.last = False, last
         if route.a.routes_out.get(route.key) is route:
             del route.a.routes_out[route.key]
-        if feed_on and route.b.alive and route.started:
-            self._reply(route.b, {"id": 0, "op": "route_end", "key": route.key, "r": route.r, "last": last})
+        if last and q is not None and q.feed is route.feed and route.b.alive:
+            route.a.refused[route.key] = time.monotonic() + REFUSED_PAUSE  # its consumer fell behind: not at once again
+            self._recall(q, route.key)
         self._maybe_close(route)
 
     def _end_routes(self, f: _Feed) -> None:
@@ -176,8 +183,9 @@ class _Routes:
         ns, ws, sizes = ctrl.get("n", []), ctrl.get("w", []), [int(s) for s in ctrl.get("sizes", [])]
         if not (len(ns) == len(ws) == len(sizes)) or sum(sizes) != len(item) or min(sizes, default=1) < 1:
             raise ValueError("copies whose sizes do not match their frames")
-        if not all(0 < int(n) <= ROUTE_ITEMS for n in ns):
-            raise ValueError("copies of items no route carries")
+        last = int(ctrl.get("last", 0))
+        if not all(0 < int(n) <= min(last, ROUTE_ITEMS) for n in ns) or (ns and not route.started):
+            raise ValueError("copies of items the route did not carry")
         pos, back = 0, []
         q = self._queues.setdefault(route.key, _Queue())
         for n, w, size in zip(ns, ws, sizes):
@@ -224,6 +232,7 @@ class _Routes:
             if route is None or route.b is not conn:  # its route is closed (its producer is gone): at the tail
                 back.append((_own(frames, self._blocks), float(w), float(next(self._item_seq))))
                 continue
+            key = route.key
             if route.is_done(n):
                 continue
             copy = route.copies.pop(n, None)
@@ -247,6 +256,8 @@ class _Routes:
             route.live = False
             if not route.started:
                 route.last = 0
+            elif route.last is None and route.got is not None:
+                route.last = route.got  # its link ended before: the consumer read all it sent
             self._maybe_close(route)
         conn.routes_out.clear()
         for route in list(conn.routes_in):
@@ -271,7 +282,18 @@ class _Routes:
         """Forget ``route`` once every item sent on it is resolved (or nothing is left to resolve them)."""
         if route.r not in self._routes:
             return
-        if route.last is None or route.resolved < route.last and route.b.alive:
+        if route.got is not None and route.copies and max(route.copies) > route.got:
+            q = self._queues.setdefault(route.key, _Queue())  # never came on the link (cut short): back now
+            late = [n for n in route.copies if n > route.got]
+            q.fed -= len(late)
+            self._requeue(route.key, [route.copies.pop(n) for n in late])
+            for n in late:
+                route.mark_done(n)
+            route.resolved += len(late)
+            self._feed_later.add(route.key)
+        # sent and read: the items the consumer has to account for (a producer cannot inflate it: its link ends)
+        owed = route.last if route.last is None or route.got is None else min(route.last, route.got)
+        if owed is None or route.resolved < owed and route.b.alive:
             return
         if route.copies and route.b.alive:
             return

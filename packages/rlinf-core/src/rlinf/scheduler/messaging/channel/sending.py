@@ -36,6 +36,8 @@ class _Sends:
         for it (it still reads it if it is awake for something else).  The
         future must then get no callbacks: whichever thread reads sets it."""
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
+        if self._out_routes and ctrl.get("op") == "put" and ctrl.get("key") in self._out_routes:
+            self._mark_ending(self._out_routes[ctrl["key"]])  # its route ends first: this put must not overtake it
         self._before_send(limit)
         fut = _Reply()
         fut.owner = threading.get_ident()

@@ -576,7 +576,7 @@ class ChannelServer(_KeyQueues, _Routes, _AckLinks, _Introspection):
                 return self._maybe_forget(key)
             nowait = bool(ctrl.get("nowait"))
             if nowait and (not q.items or held):
-                if q.fed:  # items fed ahead, recalled above or being returned: wait for them a little
+                if q.fed or q.routes:  # items fed ahead or sent straight, recalled above or on their way back: wait
                     self._park(q.getters, _Waiter(conn, rid, op, key, time.monotonic() + NOWAIT_RECALL, nowait=True))
                     return
                 self._reply(conn, {"id": rid, "error": "QueueEmpty", "message": f"channel {self.name!r} key {show_key(key)} is empty"})
