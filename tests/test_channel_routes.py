@@ -313,3 +313,56 @@ def test_gets_after_a_feed_ends_do_not_wait_for_an_idle_producer(routed, monkeyp
     assert _get(d, "k") == 100  # c's feed is recalled; its item comes back; the route ends
     assert time.monotonic() - start < 1.0
     wait_for(lambda: _host_state(h) == {"routes": 0, "fed": 0, "items": 0, "held_routes": 0}, 5, "nothing left")
+
+
+def test_a_consumer_killed_after_its_producer_closed_loses_none(routed):
+    """The producer's work is done and it closes its channel: the items its consumer had not taken are copied
+    to the host first, so the consumer's death afterwards loses none of them."""
+    h = routed("routes_closed_producer")
+    p, c = _routed_pair(h)
+    for i in range(2, 22):
+        _put(p, "k", i)
+    assert [_get(c, "k") for _ in range(3)] == [2, 3, 4]
+    c._read_direct = lambda: 0  # c reads no more, nor gives anything back: as if killed from here on
+    c._queue_return = lambda *args: None
+    p.close()
+    c._link.close()
+    c._ack_link and c._ack_link.close()
+    d = h.client("d")
+    assert [_get(d, "k") for _ in range(17)] == list(range(5, 22))
+    wait_for(lambda: _host_state(h) == {"routes": 0, "fed": 0, "items": 0, "held_routes": 0}, 5, "nothing left")
+
+
+def test_a_put_on_its_way_to_the_host_goes_before_the_route_starts(routed):
+    """Thread t2 looked for a route (none yet) and is about to push through the host when thread t1 starts
+    the route: the start waits for t2's push (or gives up), so t2's next put, straight, cannot overtake it."""
+    h = routed("routes_race")
+    p, c = h.client("p"), h.client("c")
+    _put(p, "k", 0)
+    assert _get(c, "k") == 0
+    _put(p, "k", 1)  # fed at once: the host offers p a route, which p has not read yet
+    assert _get(c, "k") == 1
+    go_on, waiting = threading.Event(), threading.Event()
+    before, t2 = p._before_send, []
+
+    def held_before(limit, batch=True):
+        if threading.current_thread() in t2 and not go_on.is_set():
+            waiting.set()
+            go_on.wait(5)  # t2 found no route and is about to send through the host
+        return before(limit, batch)
+
+    p._before_send = held_before
+
+    def second():
+        _put(p, "k", ("t2", 0))
+        _put(p, "k", ("t2", 1))
+
+    t2.append(threading.Thread(target=second))
+    t2[0].start()
+    assert waiting.wait(5)
+    _hear(p, "k")
+    threading.Timer(0.02, go_on.set).start()  # t2 goes on while t1 starts the route
+    _put(p, "k", ("t1", 0))
+    t2[0].join(10)
+    got = [_get(c, "k") for _ in range(3)]
+    assert [x for x in got if x[0] == "t2"] == [("t2", 0), ("t2", 1)] and ("t1", 0) in got

@@ -82,7 +82,9 @@ class _Acks:
         except BaseException as exc:
             if quiet is None and isinstance(exc, TimeoutError) and self._link.is_open():
                 self._acks.extendleft(reversed(acks))  # nothing of it was sent: rides on the next message
-                return  # (a direct item's producer keeps it until a credit: the host may still need it)
+                if rid >= DIRECT_BASE:  # the user has it: its producer must not hand a copy to the host
+                    self._took_direct(rid)
+                return
             reason = f"{self._connection()} was lost: {type(exc).__name__}: {exc}"
             self.fail(reason if isinstance(exc, Exception) else
                       f"{self._connection()} was given up: {type(exc).__name__} interrupted a send on it")

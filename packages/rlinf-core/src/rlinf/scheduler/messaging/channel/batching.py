@@ -110,8 +110,16 @@ class _Batches:
                    ) -> Optional[concurrent.futures.Future]:
         """An asynchronous put to a host without maxsize: None if it was pushed now (it happened), else the
         future of the batch it joined (done once the batch was sent)."""
-        if self._out_routes and self.put_direct(ctrl, frames, nbytes, self._send_timeout if send_timeout is None else send_timeout):
+        limit = self._send_timeout if send_timeout is None else send_timeout
+        if self.hosted(ctrl["key"], lambda: self.put_direct(ctrl, frames, limit, may_start=False)):
             return None  # went straight to the consumer (see ``direct_out``)
+        try:
+            return self._push_async(ctrl, frames, nbytes, send_timeout)
+        finally:
+            self.hosted_done()
+
+    def _push_async(self, ctrl: dict, frames, nbytes: int, send_timeout: Optional[float]
+                    ) -> Optional[concurrent.futures.Future]:
         now = time.monotonic()
         with self._batch_lock:
             batch = self._batch

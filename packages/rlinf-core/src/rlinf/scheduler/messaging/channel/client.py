@@ -189,6 +189,8 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds, _DirectIn, _Direc
                     self._commit_batch(batch, state)
                 if self._returns:
                     self._send_returns(when_idle=True)  # else with the next message or tick: a reader never waits here
+                if self._ending:
+                    self._end_routes_out(when_idle=True)  # an ``unroute`` is answered now (or on the next tick)
             finally:
                 if batch and not state[1]:  # cut short: the connection is given up below
                     self._settle_batch(batch, state[0])
@@ -509,6 +511,8 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds, _DirectIn, _Direc
     def close(self, grace: float = 2.0) -> None:
         """Say goodbye (so the host has read every ack sent before), then close the connection."""
         if self._dead is None:
+            if self._out_routes:
+                self.end_routes(grace)  # what its consumers have not taken is copied to the host first
             try:
                 _, fut = self.request({"op": "bye"}, (), grace, blocking=True)
                 self.wait_reply(fut, grace)  # bounded; a host that does not answer is closed on anyway

@@ -1,16 +1,17 @@
 """Direct routes on the consumer's side (a part of ``client.ChannelClient``; see ``routes``).
 
 A consumer fed on a key offers where producers may reach it (``direct`` in
-its get: this process's endpoints).  When the host says ``go`` for a route,
+its get: its worker's endpoints).  When the host says ``go`` for a route,
 the link its producer opened (its hello names the route's token, which only
 the host, the producer and this process know) joins this connection: whoever
-reads the connection reads the route's links too, waiting on all of them at
+reads the connection reads the route's socket too, waiting on all of them at
 once, so a get parked here takes a direct item without any thread hand-over.
 Direct items join the key's feed buffer as fed items do; each is
 acknowledged with its own id (``direct_id``), and given back with its bytes
-(``dreturn``) if the user does not take it.  The producer may have at most
-``ROUTE_WINDOW`` items not yet taken here: every ``CREDIT_EVERY`` taken (or
-given back), this process says so on the route's link (a bare count, see ``direct_wire``).
+(``dreturn``) if the user does not take it.  Every ``CREDIT_EVERY`` items
+acknowledged (the first ones of the route, in order), this process says so
+on the route's socket; its producer keeps each item until then, and may
+have at most ``ROUTE_WINDOW`` not credited.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ LINK_WAIT, LINKS_WAITING = 10.0, 256
 SPIN_ENV, DEFAULT_SPIN_US = "RLINF_CHANNEL_GET_SPIN_US", 200.0
 
 _lock = threading.Lock()
-_expected: dict = {}  # token -> (client, route) told "go", whose link has not come yet
+_expected: dict = {}  # token -> (client, route, when) told "go", whose link has not come yet
 _arrived: dict = {}  # token -> (the link's socket, when) come before the "go"
 _endpoints: Optional[dict] = None
-_endpoints_for: Optional[Callable[[], Optional[dict]]] = None
+_endpoints_for: Optional[Callable[[], Optional[dict]]] = None  # set below: a worker's own
+_endpoints_of = None  # the communicator they are of (a worker's next communicator has others)
 
 
 def on_direct(link, info: dict) -> None:
@@ -55,46 +57,52 @@ def on_direct(link, info: dict) -> None:
                 return
             _arrived[token] = (sock, time.monotonic())
             return
-    client, route = waiting
+    client, route, _when = waiting
     client._attach_route(route, sock)
 
 
 def prune() -> None:
-    """Close the links no ``go`` named within ``LINK_WAIT`` (a refused start leaves its link here)."""
+    """Close the links no ``go`` named within ``LINK_WAIT`` (a refused start leaves its link here), and
+    forget the ``go`` whose link did not come in that time (under ``_lock``)."""
     now = time.monotonic()
     for old in [t for t, (_s, when) in _arrived.items() if now - when > LINK_WAIT]:
         _arrived.pop(old)[0].close()
+    for old in [t for t, (_c, _r, when) in _expected.items() if now - when > LINK_WAIT]:
+        del _expected[old]
 
 
 def serve_direct(endpoints: Optional[dict]) -> None:
-    """Take direct routes at ``endpoints`` (whose listener hands their links to ``on_direct``), or none."""
+    """Take direct routes at ``endpoints`` (whose listener hands their links to ``on_direct``), or, with
+    None, at this worker's own (none outside workers)."""
     global _endpoints, _endpoints_for
-    _endpoints, _endpoints_for = endpoints, None
+    _endpoints, _endpoints_for = endpoints, (None if endpoints is not None else _worker_endpoints)
 
 
 def _worker_endpoints() -> Optional[dict]:
     """A worker's own endpoints, where its communicator takes route links (none outside workers)."""
+    global _endpoints_of, _worker_cached
     from ..p2p.communicator import local_communicator
 
-    try:
-        comm = local_communicator(create=True)
-    except Exception:
-        return None
-    if comm is None:
-        return None
-    comm.add_service("channel-direct", on_direct)
-    return comm.endpoints() or None
+    comm = local_communicator()
+    if comm is None or comm is not _endpoints_of:
+        try:
+            comm = local_communicator(create=True)
+        except Exception:
+            return None
+        if comm is None:
+            return None
+        comm.add_service("channel-direct", on_direct)
+        _endpoints_of, _worker_cached = comm, comm.endpoints() or None
+    return _worker_cached
+
+
+_worker_cached: Optional[dict] = None
+_endpoints_for = _worker_endpoints
 
 
 def direct_endpoints() -> Optional[dict]:
-    global _endpoints, _endpoints_for
-    if _endpoints_for is None and _endpoints is None:
-        _endpoints_for = _worker_endpoints
-    if _endpoints_for is not None:
-        _endpoints, _endpoints_for = _endpoints_for(), None
-        if _endpoints is None:
-            _endpoints_for = lambda: None  # noqa: E731 (looked up once)
-    return _endpoints
+    """Where producers may reach this process's routes: given (``serve_direct``), or its worker's."""
+    return _endpoints if _endpoints_for is None else _endpoints_for()
 
 
 class _InRoute:
@@ -116,7 +124,9 @@ class _DirectIn:
 
     def _init_direct_in(self) -> None:
         self._in_routes: dict[int, _InRoute] = {}  # r -> a route whose link is here
-        self._in_poll = None  # select.poll over the connection and the routes' links (None: to be made)
+        self._in_poll = None  # select.poll over the connection and the routes' links, as of _in_gen
+        self._in_gen = 0  # bumped when a route comes or goes (attached from the transport's thread too)
+        self._poll_gen = -1
         self._direct_weights: dict = {}  # direct item id -> its weight (for a return)
         self._get_spin = max(0.0, config._finite_env(SPIN_ENV, DEFAULT_SPIN_US)) / 1e6
 
@@ -130,7 +140,7 @@ class _DirectIn:
             prune()
             arrived = _arrived.pop(route.token, None)
             if arrived is None:
-                _expected[route.token] = (self, route)
+                _expected[route.token] = (self, route, time.monotonic())
                 return
         self._attach_route(route, arrived[0])
 
@@ -140,17 +150,17 @@ class _DirectIn:
             return
         route.sock, route.reader, route.fd = sock, Reader(sock), sock.fileno()
         self._in_routes[route.r] = route
-        self._in_poll = None
+        self._in_gen += 1
 
     def _links_poll(self):
-        poll = self._in_poll
-        if poll is None:
+        gen = self._in_gen
+        if gen != self._poll_gen:  # (a route attached while this builds bumps it again: built anew next time)
             poll = select.poll()
             poll.register(self._link.poll_fd(), select.POLLIN)
             for route in list(self._in_routes.values()):
                 poll.register(route.fd, select.POLLIN)
-            self._in_poll = poll
-        return poll
+            self._in_poll, self._poll_gen = poll, gen
+        return self._in_poll
 
     def _wait_links(self, deadline: float):
         """The next message on the connection, reading the routes' links meanwhile (reader only): None if
@@ -208,7 +218,7 @@ class _DirectIn:
     def _route_gone(self, route: _InRoute) -> None:
         """A route's link ended: tell the host how many items came on it (if its producer went, that closes it)."""
         self._in_routes.pop(route.r, None)
-        self._in_poll = None
+        self._in_gen += 1
         route.sock.close()
         self._returns.append(({"id": 0, "op": "route_done", "r": route.r, "count": route.count}, ()))
 
@@ -251,5 +261,5 @@ class _DirectIn:
             route.sock.close()
         self._in_routes.clear()
         with _lock:
-            for token in [t for t, (c, _r) in _expected.items() if c is self]:
+            for token in [t for t, (c, _r, _w) in _expected.items() if c is self]:
                 del _expected[token]

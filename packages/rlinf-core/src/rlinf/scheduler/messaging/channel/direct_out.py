@@ -22,10 +22,12 @@ hears an ``unroute`` at once, and the consumer's next owner waits for nothing.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import json
 import threading
 import time
+import weakref
 from typing import Optional
 
 from .direct_wire import read_credit, send_item, shut
@@ -35,6 +37,10 @@ from .protocol import REPLY_GRACE, ROUTE_ITEMS, ROUTE_WINDOW, SendTimeout
 DIRECT_SEND = 0.005
 #: seconds a route's link may take to open
 DIAL_TIMEOUT = 2.0
+#: seconds a start waits for the puts of other threads already on their way to the host
+START_WAIT = 0.05
+
+_producers: "weakref.WeakSet" = weakref.WeakSet()  # clients offered a route: their routes end at exit
 
 
 class _OutRoute:
@@ -61,6 +67,10 @@ class _DirectOut:
         self._out_routes: dict[str, _OutRoute] = {}
         self._ending = False  # a route is to end (see _OutRoute.ending): set before the route's own mark
         self._ending_lock = threading.Lock()
+        #: puts (of any thread) on their way to the host: counted from before they look for a route until
+        #: sent, so a start is sent after them (a thread's earlier put must not follow its route's start)
+        self._hosted = 0
+        self._hosted_lock = threading.Lock()
         #: opens a link to a consumer's endpoints (set by ``connect``; None: this client takes no route)
         self._dial_direct = None
 
@@ -69,8 +79,10 @@ class _DirectOut:
         key = ctrl["key"]
         route = self._out_routes.get(key)
         if ctrl["op"] == "route":
-            if route is None and self._dial_direct is not None and isinstance(ctrl.get("to"), dict):
+            if (route is None or route.ending or route.ended) and self._dial_direct is not None \
+                    and isinstance(ctrl.get("to"), dict):  # (an ended one may still be listed a moment)
                 self._out_routes[key] = _OutRoute(int(ctrl["r"]), key, str(ctrl["token"]), ctrl["to"])
+                _producers.add(self)
             return
         if route is not None and route.r == int(ctrl["r"]):
             self._mark_ending(route)  # ended before the next message, or on a heartbeat tick
@@ -81,11 +93,12 @@ class _DirectOut:
             self._ending = True
             route.ending = True
 
-    def put_direct(self, ctrl: dict, frames, nbytes: int, limit: float) -> bool:
+    def put_direct(self, ctrl: dict, frames, limit: float, may_start: bool = True) -> bool:
         """Send a put straight to the consumer on its key's route; False if it has none (or it just
-        ended): the put goes through the host.  Raises as a push does."""
+        ended, or it is not started and ``may_start`` is False: an asynchronous put never waits for a
+        start): the put goes through the host.  Raises as a push does."""
         route = self._out_routes.get(ctrl["key"])
-        if route is None or route.ending:
+        if route is None or route.ending or not (may_start or route.started):
             return False
         if not route.lock.acquire(timeout=limit):  # (not through the host: it could overtake this thread's earlier items)
             raise SendTimeout(f"another put on the route held it for {limit:g} s", busy=True)
@@ -101,12 +114,13 @@ class _DirectOut:
                 return False
             n = route.n + 1
             weight = ctrl["weight"]
-            kept = [f if type(f) is bytes else bytes(f) for f in frames]  # the caller may reuse its buffers
+            route.n = n  # counted and kept first: an interrupt may land once it went (then it is delivered)
+            route.kept.append((n, weight, [f if type(f) is bytes else bytes(f) for f in frames]))  # (buffers reused)
             try:
                 send_item(route.sock, n, weight, frames, time.monotonic() + DIRECT_SEND)
-                route.n = n
-                route.kept.append((n, weight, kept))
             except Exception:  # nothing of it, or a torn part the consumer drops, went: it goes through the host
+                route.n = n - 1
+                route.kept.pop()
                 self._mark_ending(route)
                 return False
             except BaseException:  # interrupted: nothing more goes on the socket (n is never sent twice)
@@ -131,20 +145,21 @@ class _DirectOut:
             self._mark_ending(route)
             return False
         try:
+            self._hosted_settled(limit)  # a put on its way to the host must not follow the start
             _rid, fut = self.request({"op": "start", "r": route.r}, (), limit, blocking=True)
-            reply = self.wait_reply(fut, limit + REPLY_GRACE)
+            ok = self.wait_reply(fut, limit + REPLY_GRACE)[0].get("value") is True
+            if ok and not route.ended:
+                route.started = True
+                self._nudge()  # the background reader reads from now on: an ``unroute`` must be heard at once
+                return True
         except BaseException as exc:  # no answer: it ends with nothing sent on it (the host may have started it)
             self._mark_ending(route)
             if isinstance(exc, Exception):
                 return False  # the put goes through the host (which raises if the host is gone)
             raise
-        if reply[0].get("value") is not True or route.ended:  # refused (the host forgot it), or ended meanwhile
-            route.ended = True
-            self._drop_route(route)
-            return False
-        route.started = True
-        self._nudge()  # the background reader reads from now on: an ``unroute`` must be heard at once
-        return True
+        route.ended = True  # refused (the host forgot it), or ended meanwhile (the host heard that)
+        self._drop_route(route)
+        return False
 
     def _read_credits(self, route: _OutRoute) -> None:
         credit, route.rest = read_credit(route.sock, route.rest)
@@ -193,6 +208,48 @@ class _DirectOut:
             self._ending = any(r.ending and not r.ended for r in self._out_routes.values())
         return True
 
+    def hosted(self, key: str, direct) -> bool:
+        """Put through ``direct()`` if ``key`` has a route, else count a put on its way to the host until
+        ``hosted_done``; True if it went straight."""
+        with self._hosted_lock:
+            self._hosted += 1
+        if key in self._out_routes:
+            with self._hosted_lock:
+                self._hosted -= 1  # (its own start must not wait for it)
+            if direct():
+                return True
+            with self._hosted_lock:
+                self._hosted += 1
+        return False
+
+    def _end_route_of(self, key: str) -> bool:
+        route = self._out_routes.get(key)
+        if route is not None:
+            self._mark_ending(route)
+        return False
+
+    def hosted_done(self) -> None:
+        with self._hosted_lock:
+            self._hosted -= 1
+
+    def _hosted_settled(self, limit: float) -> None:
+        """Wait (``START_WAIT`` at most) until no put of another thread is on its way to the host."""
+        end = time.monotonic() + min(limit, START_WAIT)
+        while self._hosted:
+            if time.monotonic() > end:
+                raise SendTimeout("other threads kept putting through the host")
+            time.sleep(0.0002)
+
+    def end_routes(self, grace: float) -> None:
+        """End every route (before the connection closes): what the consumer has not taken is copied to the
+        host, which puts it back if the consumer goes."""
+        for route in list(self._out_routes.values()):
+            self._mark_ending(route)
+        try:
+            self._end_routes_out(grace)
+        except Exception:
+            pass
+
     def _routes_awaited(self) -> bool:
         """Whether a started route may be told to end (the connection must then be read)."""
         return any(r.started and not r.ended for r in list(self._out_routes.values()))
@@ -200,6 +257,14 @@ class _DirectOut:
     def _close_routes_out(self) -> None:
         for route in list(self._out_routes.values()):
             self._drop_route(route)
+
+
+@atexit.register
+def _end_routes_at_exit() -> None:
+    """Routes end as the interpreter ends (5 s at most), so their consumers' later deaths lose nothing."""
+    for client in list(_producers):
+        if client._dead is None and client._out_routes:
+            client.end_routes(5.0)
 
 
 def dialer(transport, dial):

@@ -162,14 +162,14 @@ class _Feeds:
         """Queue the return of fed items ``(id, frames)`` the user did not get: by id, and direct ones
         (see ``direct_in``) with their bytes, which only this process may still have."""
         direct = [(rid, frames) for rid, frames in items if rid >= DIRECT_BASE]
+        if end or len(direct) < len(items):  # first: a feed that ends is ended before direct items come back
+            self._returns.append(({"id": 0, "op": "return", "key": key, "ids": [rid for rid, _ in items if rid < DIRECT_BASE],
+                                   "end": end}, ()))
         if direct:
             weights = [self._direct_weights.pop(rid, 0.0) for rid, _ in direct]
             self._returns.append(({"id": 0, "op": "dreturn", "key": key, "ids": [rid for rid, _ in direct],
                                    "w": weights, "sizes": [len(f) for _, f in direct]},
                                   [f for _, frames in direct for f in frames]))
-        if end or len(direct) < len(items):
-            self._returns.append(({"id": 0, "op": "return", "key": key, "ids": [rid for rid, _ in items if rid < DIRECT_BASE],
-                                   "end": end}, ()))
 
     def _unpop(self, key: str, feed: _Feed, got: tuple) -> None:
         """Put an item taken from the buffer back: at its head if the feed goes on, else to the host."""

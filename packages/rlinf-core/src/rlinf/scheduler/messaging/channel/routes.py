@@ -59,7 +59,7 @@ class _Route:
     token: str
     started: bool = False
     live: bool = True  # the producer may still send on it
-    seq0: float = 0.0  # where its items stand in the queue
+    seq0: int = 0  # where its items stand in the queue (item n at seq0 + n)
     last: Optional[int] = None  # items the producer sent on it (once known)
     got: Optional[int] = None  # items the consumer read on it, once its link ended (``route_done``)
     resolved: int = 0
@@ -134,7 +134,7 @@ class _Routes:
         if route is None or route.a is not conn or route.started:
             return False
         q = self._queues.get(route.key)
-        if not route.live or q is None or q.feed is not route.feed or q.items or not route.b.alive:
+        if not route.live or q is None or q.feed is not route.feed or q.items or q.uncommitted or not route.b.alive:
             conn.refused[route.key] = time.monotonic() + REFUSED_PAUSE
             route.live, route.last = False, 0
             if conn.routes_out.get(route.key) is route:
@@ -142,7 +142,7 @@ class _Routes:
             self._maybe_close(route)
             return False
         route.started = True
-        route.seq0 = float(next(self._item_seq))
+        route.seq0 = next(self._item_seq)
         q.routes += 1  # counted from now on: the key's gets wait for its items once the feed ends
         self._reply(route.b, {"id": 0, "op": "go", "key": route.key, "r": route.r, "token": route.token})
         return True
@@ -155,14 +155,17 @@ class _Routes:
         route.live, route.last = False, last
         if route.a.routes_out.get(route.key) is route:
             del route.a.routes_out[route.key]
-        if last and q is not None and q.feed is route.feed and route.b.alive:
-            route.a.refused[route.key] = time.monotonic() + REFUSED_PAUSE  # its consumer fell behind: not at once again
+        if route.started and route.b.alive:
+            self._drain_acks(route.b, progress=False)  # what its consumer took already is resolved
+        if route.started and (last == 0 or route.resolved < last):  # it failed, or its consumer fell behind:
+            route.a.refused[route.key] = time.monotonic() + REFUSED_PAUSE  # no new route there at once
+        if route.resolved < last and q is not None and q.feed is route.feed and route.b.alive:
             self._recall(q, route.key)
         self._maybe_close(route)
 
     def _end_routes(self, f: _Feed) -> None:
         """``f`` ended: its producers stop sending on its routes (each says how many it sent)."""
-        for route in f.routes:
+        for route in list(f.routes):  # (a route that closes leaves the list)
             if route.live:
                 route.live = False
                 if route.a.alive:
@@ -174,13 +177,13 @@ class _Routes:
             self._maybe_close(route)
 
     def _item_of(self, route: _Route, n: int, frames, weight: float) -> tuple:
-        return (_own(frames, self._blocks), float(weight), route.seq0 + n / (ROUTE_ITEMS + 1))
+        return (_own(frames, self._blocks), float(weight), route.seq0 + n)
 
     def _copies(self, route: _Route, ctrl: dict, item: list) -> None:
         """Copies of the items the producer sent on ``route`` that its consumer had not said it took
         (``n``, ``w``, ``sizes``): in flight until the consumer acknowledges or returns them, or back now if
         it is gone.  Checked whole before anything is applied."""
-        ns, ws, sizes = ctrl.get("n", []), ctrl.get("w", []), [int(s) for s in ctrl.get("sizes", [])]
+        ns, ws, sizes = ctrl.get("n", []), [float(w) for w in ctrl.get("w", [])], [int(s) for s in ctrl.get("sizes", [])]
         if not (len(ns) == len(ws) == len(sizes)) or sum(sizes) != len(item) or min(sizes, default=1) < 1:
             raise ValueError("copies whose sizes do not match their frames")
         last = int(ctrl.get("last", 0))
@@ -221,7 +224,7 @@ class _Routes:
     def _dreturn(self, conn: _Conn, ctrl: dict, item: list) -> None:
         """Direct items the consumer did not hand out, with their bytes: back to their places."""
         key = str(ctrl["key"])
-        ids, ws, sizes = ctrl["ids"], ctrl["w"], [int(s) for s in ctrl["sizes"]]
+        ids, ws, sizes = [int(i) for i in ctrl["ids"]], [float(w) for w in ctrl["w"]], [int(s) for s in ctrl["sizes"]]
         if not (len(ids) == len(ws) == len(sizes)) or sum(sizes) != len(item) or min(sizes, default=1) < 1:
             raise ValueError("returned items whose sizes do not match their frames")
         pos, back = 0, []
@@ -230,7 +233,7 @@ class _Routes:
             r, n = split_direct(int(i))
             route = self._routes.get(r)
             if route is None or route.b is not conn:  # its route is closed (its producer is gone): at the tail
-                back.append((_own(frames, self._blocks), float(w), float(next(self._item_seq))))
+                back.append((_own(frames, self._blocks), w, next(self._item_seq)))
                 continue
             key = route.key
             if route.is_done(n):
@@ -252,7 +255,7 @@ class _Routes:
         """``conn`` went: its routes as producer end (the consumer's count closes them), those as
         consumer put their copies back.  The keys touched."""
         touched = set()
-        for route in list(conn.routes_out.values()):
+        for route in [r for r in self._routes.values() if r.a is conn]:  # (an ended feed's are no longer listed)
             route.live = False
             if not route.started:
                 route.last = 0

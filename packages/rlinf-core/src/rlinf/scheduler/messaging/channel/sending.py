@@ -36,8 +36,15 @@ class _Sends:
         for it (it still reads it if it is awake for something else).  The
         future must then get no callbacks: whichever thread reads sets it."""
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
-        if self._out_routes and ctrl.get("op") == "put" and ctrl.get("key") in self._out_routes:
-            self._mark_ending(self._out_routes[ctrl["key"]])  # its route ends first: this put must not overtake it
+        if ctrl.get("op") == "put":
+            self.hosted(ctrl["key"], lambda: self._end_route_of(ctrl["key"]))  # its route ends before it
+            try:
+                return self._request(ctrl, frames, limit, blocking)
+            finally:
+                self.hosted_done()
+        return self._request(ctrl, frames, limit, blocking)
+
+    def _request(self, ctrl: dict, frames, limit: float, blocking: bool) -> tuple[int, concurrent.futures.Future]:
         self._before_send(limit)
         fut = _Reply()
         fut.owner = threading.get_ident()
@@ -80,8 +87,14 @@ class _Sends:
         the put happened (the host applies the whole messages a departed client left); raises as
         ``request`` does if it was not (``SendTimeout``: nothing was sent)."""
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
-        if self._out_routes and self.put_direct(ctrl, frames, -1, limit):
+        if self.hosted(ctrl["key"], lambda: self.put_direct(ctrl, frames, limit)):
             return  # went straight to the consumer (see ``direct_out``)
+        try:
+            self._push(ctrl, frames, limit)
+        finally:
+            self.hosted_done()
+
+    def _push(self, ctrl: dict, frames, limit: float) -> None:
         self._before_send(limit)
         if self._dead:
             raise PeerDiedError(self._dead, peer=self.host)

@@ -73,7 +73,7 @@ from ...base import config
 from ...plugins.transport import Link
 from .blocks import _BlockPool, _own
 from .keys import show_key
-from .protocol import DEAD_AFTER_BEATS, control, heartbeat_interval, pack, send_limit, send_timeout
+from .protocol import DEAD_AFTER_BEATS, ROUTE_ITEMS, control, heartbeat_interval, pack, send_limit, send_timeout
 from .ack_links import _AckLinks
 from .introspection import _Introspection
 from .queues import _MIN_TIMERS_COMPACT, NOWAIT_RECALL, _Conn, _KeyQueues, _Queue, _Waiter
@@ -115,7 +115,9 @@ class ChannelServer(_KeyQueues, _Routes, _AckLinks, _Introspection):
         self._timers: list = []  # heap of (deadline, seq, waiter); served waiters leave it lazily
         self._compact_timers_at = _MIN_TIMERS_COMPACT
         self._seq = itertools.count()
-        self._item_seq = itertools.count()  # every item's place in its queue, kept when it goes back
+        #: every item's place in its queue, kept when it goes back; a direct route's items take the places
+        #: between the one where it started and the next (see ``routes``)
+        self._item_seq = itertools.count(0, ROUTE_ITEMS + 1)
         self._init_routes()
         self._inbox: collections.deque = collections.deque()  # callables posted to the loop by other threads
         self._messages = 0  # messages handled, from every client (a put costs one, plus its share of a commit)
