@@ -275,7 +275,7 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds, _DirectIn, _Direc
             # else: a reply to a request given up; the cancel sent for it makes the host put its items back
 
     def _awaited(self) -> bool:
-        return bool(self._pending) or self._ping_out or (bool(self._out_routes) and self._routes_awaited())
+        return bool(self._pending) or self._ping_out
 
     def _claim(self) -> bool:
         """Become the reader; False if another thread reads (a callback never runs in a reader)."""
@@ -401,8 +401,7 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds, _DirectIn, _Direc
                 self._read_for_a_tick()
             self._tend_feeds()
             self._offer_ack_link()
-            if self._ending:
-                self._end_routes_out(when_idle=True)
+            self._tend_routes()
             self._prune_links()
 
     def _read_for_a_tick(self) -> None:

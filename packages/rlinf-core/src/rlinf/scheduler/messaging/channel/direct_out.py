@@ -15,9 +15,13 @@ back if the consumer is gone or returns, and drops once the consumer
 acknowledges them) when the host asks (``unroute``), when the consumer has
 not taken ``ROUTE_WINDOW`` of its items, when the link fails, or before a put
 on its key that cannot go straight (a request: ``put_nowait``, a large item):
-before any later message, so such a put goes through the host after it.  A
-producer with a started route reads its connection (it is *awaited*), so it
-hears an ``unroute`` at once, and the consumer's next owner waits for nothing.
+before any later message, so such a put goes through the host after it.
+While a route is started, the heartbeat thread reads what came whenever no
+one reads, so an ``unroute`` is answered within a tick (0.2 s) even by a
+producer that only pushes (the key's gets wait for it).  Reading all the
+time instead (as for a reply) made the background reader hold the reader's
+turn: every get then waited for a hand-over, and a ping-pong round went from
+about 70 to 160 us, an asynchronous stream from 57,000 to 9,000 items/s.
 """
 
 from __future__ import annotations
@@ -150,7 +154,6 @@ class _DirectOut:
             ok = self.wait_reply(fut, limit + REPLY_GRACE)[0].get("value") is True
             if ok and not route.ended:
                 route.started = True
-                self._nudge()  # the background reader reads from now on: an ``unroute`` must be heard at once
                 return True
         except BaseException as exc:  # no answer: it ends with nothing sent on it (the host may have started it)
             self._mark_ending(route)
@@ -250,9 +253,17 @@ class _DirectOut:
         except Exception:
             pass
 
-    def _routes_awaited(self) -> bool:
-        """Whether a started route may be told to end (the connection must then be read)."""
-        return any(r.started and not r.ended for r in list(self._out_routes.values()))
+    def _tend_routes(self) -> None:
+        """Heartbeat tick: while a route is started, read what came if no one reads (an ``unroute`` is then
+        answered within a tick, not at the next ping: the key's gets wait for it), and end the routes told to."""
+        if self._reader is None and any(r.started and not r.ended for r in list(self._out_routes.values())) \
+                and self._claim():
+            try:
+                self._read_one(None)
+            finally:
+                self._release()
+        if self._ending:
+            self._end_routes_out(when_idle=True)
 
     def _close_routes_out(self) -> None:
         for route in list(self._out_routes.values()):
