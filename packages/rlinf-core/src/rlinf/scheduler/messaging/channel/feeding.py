@@ -133,10 +133,12 @@ class _Feeds:
             if self._claim():
                 try:
                     self._say_more(key)
+                    self._waiting_key = key  # (see ``direct_in``: how long the read spins)
                     self._read_one(time.monotonic() + min(left, 1.0))  # False: lost (seen above)
                 except TimeoutError:
                     pass
                 finally:
+                    self._waiting_key = None
                     self._release()
                 continue
             self._say_more(key)  # another thread reads: the host must still hear that our window is free
