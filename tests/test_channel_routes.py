@@ -13,7 +13,8 @@ import uuid
 import pytest
 
 from rlinf.scheduler.messaging.channel import direct_in
-from rlinf.scheduler.messaging.channel.direct_out import dialer
+from rlinf.scheduler.messaging.channel.batching import BATCH_GAP
+from rlinf.scheduler.messaging.channel.direct_out import START_RETRY, dialer
 from rlinf.scheduler.messaging.channel.direct_wire import send_item
 from rlinf.scheduler.messaging.channel.protocol import ROUTE_WINDOW
 from rlinf.scheduler.messaging.p2p.communicator import Communicator
@@ -174,7 +175,7 @@ def test_a_producer_that_dies_after_direct_puts_loses_none(routed):
     wait_for(lambda: _host_state(h) == {"routes": 0, "fed": 0, "items": 0, "held_routes": 0}, 5, "nothing left")
 
 
-def test_a_route_is_not_started_while_older_items_wait(routed):
+def test_a_route_starts_only_once_older_items_are_fed(routed):
     h = routed("routes_refused")
     p, c = _routed_pair(h)
     q = h.client("q")
@@ -184,12 +185,17 @@ def test_a_route_is_not_started_while_older_items_wait(routed):
         for i in range(100, 140):
             _put(q, "k", i)
         wait_for(lambda: _host_state(h)["items"] > 0, 5, "items queued behind c's full window")
-        _put(p, "k", 2)  # the start is refused (older items wait): it goes through the host
+        _put(p, "k", 2)  # the host answers "later" (older items wait): it goes through the host
     finally:
         c._reader = None
-    assert "k" not in p._out_routes
+    route = p._out_routes["k"]
+    assert not route.started and route.n == 0  # the offer stands
     got = [_get(c, "k") for _ in range(41)]
     assert sorted(got) == [2, *range(100, 140)] and got[-1] == 2
+    time.sleep(START_RETRY)
+    _put(p, "k", 3)  # nothing waits now: this put starts the route
+    assert route.started and route.n == 1
+    assert _get(c, "k") == 3
 
 
 def test_a_link_with_a_token_nobody_expects_is_never_read(routed):
@@ -235,6 +241,74 @@ def test_a_stream_of_puts_from_threads_through_a_route_is_delivered_once(routed)
     t.join(30)
     assert got == list(range(2, 402))
     wait_for(lambda: _host_state(h)["fed"] == 0, 5, "nothing in flight")
+
+
+def _put_async(client, key, item):
+    """An asynchronous put as ``Channel.put(async_op=True)`` makes it to an unbounded host: None if it went
+    now, else its batch's future."""
+    frames = _frames(item)
+    return client.push_async({"op": "put", "key": key, "weight": 0.0, "timeout": None}, frames,
+                             sum(len(f) for f in frames))
+
+
+def _consume(c, key, n, got, every=0, pause=0.0):
+    """Take ``n`` items into ``got`` on a thread of its own (pausing ``pause`` s every ``every`` items)."""
+    def run():
+        for i in range(n):
+            got.append(_get(c, key, timeout=10))
+            if every and i % every == 0:
+                time.sleep(pause)
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_a_producer_faster_than_its_consumer_stays_on_the_route(routed):
+    """The window fills (the consumer is slower): the producer waits for the consumer's credits instead of
+    ending the route, so a whole stream goes straight."""
+    h = routed("routes_flow")
+    p, c = _routed_pair(h)
+    got = []
+    t = _consume(c, "k", 400, got, every=8, pause=0.002)  # about 4 ms per window: well under ROUTE_STALL
+    for i in range(2, 402):
+        _put(p, "k", i)
+    t.join(30)
+    route = p._out_routes["k"]
+    assert route.started and route.n == 400  # every item went straight
+    assert got == list(range(2, 402))
+    wait_for(lambda: _host_state(h)["fed"] == 0, 5, "nothing in flight")
+
+
+def test_an_asynchronous_put_alone_starts_the_route_and_its_burst_follows(routed):
+    h = routed("routes_async")
+    p, c = _routed_pair(h)
+    route = p._out_routes["k"]
+    assert route.dialed.wait(5) and route.sock is not None  # its link was opened by a thread of its own
+    time.sleep(2 * BATCH_GAP)
+    got = []
+    t = _consume(c, "k", 300, got)
+    works = [_put_async(p, "k", i) for i in range(2, 302)]  # the first, not part of a burst, starts the route
+    for w in works:
+        assert w is None or w.result(5) is None
+    t.join(30)
+    assert route.started and route.n == 300
+    assert got == list(range(2, 302))
+
+
+def test_a_producer_that_only_puts_asynchronously_hears_its_offer(routed):
+    """No request reads its connection: the offer is read after a batch is sent, or on a heartbeat tick."""
+    h = routed("routes_async_offer")
+    p, c = h.client("p"), h.client("c")
+    _put(p, "k", 0)  # (the host says it is unbounded: the puts below are pushes)
+    assert _get(c, "k") == 0  # c is fed from now on
+    got = []
+    t = _consume(c, "k", 200, got)
+    works = [_put_async(p, "k", i) for i in range(1, 201)]
+    for w in works:
+        assert w is None or w.result(5) is None
+    t.join(30)
+    assert got == list(range(1, 201))
+    wait_for(lambda: "k" in p._out_routes, 2, "the route offered to p, heard without any request of p's")
 
 
 def test_the_producer_forgets_what_the_consumer_took(routed):

@@ -25,7 +25,7 @@ from ..base.errors import CommTimeoutError, CommunicationError, GroupNameError, 
 from ..base.hooks import hook
 from ..worker import Worker
 from ..worker.worker import provide_channels
-from ..messaging.channel.keys import key_token, replica_of, show_key
+from ..messaging.channel.keys import OpLabel, key_token, replica_of
 from ..messaging.channel.client import ChannelClient
 from ..messaging.channel.feeding import FEED_WINDOW
 from ..messaging.channel.protocol import REPLY_GRACE, SendTimeout
@@ -271,7 +271,7 @@ class Channel:
     def _call(self, ctrl: dict, frames=(), async_op: bool = False, timeout: Optional[float] = None, decode=None,
               send_timeout: Optional[float] = None):
         client = self._client(replica_of(ctrl.get("key", DEFAULT_KEY), self._replicas()))
-        what = f"{ctrl['op']} on channel {self._name!r} key {show_key(ctrl.get('key', DEFAULT_KEY))}"
+        what = OpLabel(ctrl["op"], self._name, ctrl.get("key", DEFAULT_KEY))
 
         def finish(reply):
             ctrl_back, items = reply
@@ -335,7 +335,8 @@ class Channel:
             weight: what the item counts for in ``get_batch``.
             key: the queue to append to: any hashable value, with the rules of a dict key
                 (each key is its own FIFO; ``("a", 1)`` is the same queue in every process).
-            async_op: return an ``AsyncWork`` at once instead of waiting.
+            async_op: return an ``AsyncWork`` instead of waiting (at once, unless the item goes
+                straight to a consumer that has not taken the last 64: then within 20 ms).
             timeout: seconds to wait; ``None``: the configured default
                 (``RLINF_TIMEOUT``; with ``async_op``, the work's ``wait`` bounds it:
                 a ``wait(t)`` on that work that runs out withdraws the put, which

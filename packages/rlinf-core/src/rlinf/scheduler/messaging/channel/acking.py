@@ -41,6 +41,10 @@ from ...base.errors import PeerDiedError
 from .protocol import DIRECT_BASE, pack
 
 _ONE = struct.Struct("<q")  # one acknowledgement: an item id
+#: acks of direct items after which the next wait says ``more`` (the host reads the ack link then; it
+#: reads it on its own only 4 times a second, and a Unix socket holds only a few hundred small writes
+#: where the system caps its buffer at the usual 208 KiB)
+DIRECT_ACKS_UNREAD = 128
 
 
 class _Acks:
@@ -56,6 +60,7 @@ class _Acks:
         #: opens an ack link to the host (set by ``connect``; None: this connection has none)
         self._dial_acks: Optional[Callable] = None
         self._acked_quietly = False  # an ack went on the ack link since the last message on the main one
+        self._direct_quiet = 0  # acks of direct items on the ack link since ``_acked_quietly`` was last set for them
 
     def ack(self, rid: int) -> None:
         """The items of reply (or fed item) ``rid`` are about to reach the user: the host forgets them.
@@ -75,8 +80,12 @@ class _Acks:
         try:
             if quiet is not None:
                 self._write_acks(quiet, _ONE.pack(rid) if len(acks) == 1 else struct.pack(f"<{len(acks)}q", *acks))
-                if rid < DIRECT_BASE or len(acks) > 1:  # a direct item takes no room in the host's window
+                if rid < DIRECT_BASE or len(acks) > 1:  # a direct item takes no room in the host's window,
                     self._acked_quietly = True
+                else:  # but the host must read its acks now and then: their socket's buffer is not endless
+                    self._direct_quiet += 1
+                    if self._direct_quiet >= DIRECT_ACKS_UNREAD:
+                        self._direct_quiet, self._acked_quietly = 0, True
             else:
                 self._send([pack({"id": 0, "op": "ack", "ids": acks})], self._send_timeout)
         except BaseException as exc:

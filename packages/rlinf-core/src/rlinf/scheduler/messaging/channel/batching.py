@@ -36,7 +36,7 @@ from typing import Optional
 
 from ...base.errors import CommTimeoutError, CommunicationError, PeerDiedError
 from ...plugins.transport import HeldWithin, LinkBusy
-from .protocol import SendTimeout
+from .protocol import SendTimeout, send_limit
 
 #: a push that follows the last one by less than this (seconds) joins a batch
 BATCH_GAP = 200e-6
@@ -111,8 +111,10 @@ class _Batches:
         """An asynchronous put to a host without maxsize: None if it was pushed now (it happened), else the
         future of the batch it joined (done once the batch was sent)."""
         limit = self._send_timeout if send_timeout is None else send_timeout
-        if self.hosted(ctrl["key"], lambda: self.put_direct(ctrl, frames, limit, may_start=False)):
-            return None  # went straight to the consumer (see ``direct_out``)
+        # a put that is not part of a burst may start its key's route, once its link is open (see ``direct_out``)
+        alone = self._batch is None and not self._flushing and time.monotonic() - self._last_push >= BATCH_GAP
+        if self.hosted(ctrl["key"], lambda: self.put_direct(ctrl, frames, limit, may_start="open" if alone else False)):
+            return None  # went straight to the consumer
         try:
             return self._push_async(ctrl, frames, nbytes, send_timeout)
         finally:
@@ -138,8 +140,8 @@ class _Batches:
                     if start:
                         self._wake_flusher()
                     return future
-        if batch is None:
-            self.push(ctrl, frames, send_timeout)
+        if batch is None:  # (counted as on its way to the host by ``push_async``: it does not look for a route again)
+            self._push(ctrl, frames, send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout)
             return None
         try:
             self.flush_batch(send_timeout, final=False)  # full: the thread that filled it sends it
@@ -169,6 +171,11 @@ class _Batches:
                 self.flush_batch()
             except Exception:  # held past the send timeout by another batch: it is sent after that one
                 self._flush_wake.set()
+            if self._reader is None and self._claim():  # what came meanwhile: a route offered for these pushes
+                try:  # is heard now, not on the next heartbeat tick, so the next burst can take it
+                    self._read_one(None)
+                finally:
+                    self._release()
         self._fail_batch(self._dead or "closed")
 
     def flush_batch(self, limit: Optional[float] = None, final: bool = True) -> None:

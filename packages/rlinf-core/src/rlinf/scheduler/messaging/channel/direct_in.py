@@ -64,12 +64,15 @@ def on_direct(link, info: dict) -> None:
 
 def prune() -> None:
     """Close the links no ``go`` named within ``LINK_WAIT`` (a refused start leaves its link here), and
-    forget the ``go`` whose link did not come in that time (under ``_lock``)."""
+    forget the ``go`` whose link did not come in that time, telling the host that nothing came on that
+    route (the link was closed here, or never opened: the copies its producer sent back go back to the
+    queue) (under ``_lock``)."""
     now = time.monotonic()
     for old in [t for t, (_s, when) in _arrived.items() if now - when > LINK_WAIT]:
         _arrived.pop(old)[0].close()
     for old in [t for t, (_c, _r, when) in _expected.items() if now - when > LINK_WAIT]:
-        del _expected[old]
+        client, route, _when = _expected.pop(old)  # nothing came on it: the host puts back what it holds for it
+        client._returns.append(({"id": 0, "op": "route_done", "r": route.r, "count": 0}, ()))
 
 
 def serve_direct(endpoints: Optional[dict]) -> None:
@@ -253,8 +256,8 @@ class _DirectIn:
 
     @staticmethod
     def _prune_links() -> None:
-        """Heartbeat tick: close the links no ``go`` named in time."""
-        if _arrived:
+        """Heartbeat tick: close the links no ``go`` named in time, and give up the ``go`` no link followed."""
+        if _arrived or _expected:
             with _lock:
                 prune()
 

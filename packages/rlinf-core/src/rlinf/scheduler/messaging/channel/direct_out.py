@@ -16,9 +16,18 @@ acknowledges them) when the host asks (``unroute``), when the consumer has
 not taken ``ROUTE_WINDOW`` of its items, when the link fails, or before a put
 on its key that cannot go straight (a request: ``put_nowait``, a large item):
 before any later message, so such a put goes through the host after it.
-While a route is started, the heartbeat thread reads what came whenever no
-one reads, so an ``unroute`` is answered within a tick (0.2 s) even by a
-producer that only pushes (the key's gets wait for it).  Reading all the
+When ``ROUTE_WINDOW`` items are not credited yet, a put waits for the
+consumer's next credit, ``ROUTE_STALL`` at most (flow control: a stream
+whose producer outruns its consumer stays on the route), and only then
+ends the route.  The link is opened by a thread of its own as soon as the
+offer is read; a synchronous put waits for it (``DIAL_TIMEOUT`` at most),
+an asynchronous one goes through the host until it is open, and starts the
+route only when it is not part of a burst (see ``batching``: a start is a
+round trip, and a burst's puts would be refused anyway, since the host
+still queues the burst's earlier items).  While a route is started, or
+after this client pushed, the heartbeat thread reads what came whenever no
+one reads, so an offer reaches a producer that only pushes, and an
+``unroute`` is answered within a tick (0.2 s) (the key's gets wait for it).  Reading all the
 time instead (as for a reply) made the background reader hold the reader's
 turn: every get then waited for a hand-over, and a ping-pong round went from
 about 70 to 160 us, an asynchronous stream from 57,000 to 9,000 items/s.
@@ -29,6 +38,7 @@ from __future__ import annotations
 import atexit
 import collections
 import json
+import select
 import threading
 import time
 import weakref
@@ -41,6 +51,14 @@ from .protocol import REPLY_GRACE, ROUTE_ITEMS, ROUTE_WINDOW, SendTimeout
 DIRECT_SEND = 0.005
 #: seconds a route's link may take to open
 DIAL_TIMEOUT = 2.0
+#: seconds after a start the host answered *later* (items wait in the queue) before the next try, and
+#: after the offer before the producer gives the route up if it has not started (the consumer keeps a
+#: link nobody started for ``direct_in.LINK_WAIT``, 10 s)
+START_RETRY, START_WITHIN = 0.05, 3.0
+#: seconds a put on a route whose window is full waits for the consumer's credit (then the route ends)
+ROUTE_STALL = 0.02
+#: bytes a producer keeps for a route (copies of items not credited yet): past them, as a full window
+ROUTE_BYTES = 4 << 20
 #: seconds a start waits for the puts of other threads already on their way to the host
 START_WAIT = 0.05
 
@@ -48,8 +66,8 @@ _producers: "weakref.WeakSet" = weakref.WeakSet()  # clients offered a route: th
 
 
 class _OutRoute:
-    __slots__ = ("r", "key", "token", "to", "sock", "rest", "n", "credited", "kept", "started", "ending", "ended",
-                 "lock")
+    __slots__ = ("r", "key", "token", "to", "sock", "rest", "n", "credited", "kept", "kept_bytes", "started",
+                 "ending", "ended", "lock", "dialed", "offered", "retry_at")
 
     def __init__(self, r: int, key: str, token: str, to: dict):
         self.r, self.key, self.token, self.to = r, key, token, to
@@ -57,7 +75,10 @@ class _OutRoute:
         self.rest = b""  # the start of a credit cut by a read
         self.n = 0  # items sent on it
         self.credited = 0  # of those, taken by the consumer
-        self.kept: collections.deque = collections.deque()  # (n, weight, frames) sent and not yet credited
+        self.kept: collections.deque = collections.deque()  # (n, weight, frames, bytes) sent, not yet credited
+        self.kept_bytes = 0
+        self.dialed = threading.Event()  # the dial is over (``sock`` is set if it succeeded)
+        self.offered = self.retry_at = time.monotonic()  # (no start before ``retry_at``)
         self.started = False
         self.ending = False  # to end before the next message (``unrouted``)
         self.ended = False
@@ -75,6 +96,7 @@ class _DirectOut:
         #: sent, so a start is sent after them (a thread's earlier put must not follow its route's start)
         self._hosted = 0
         self._hosted_lock = threading.Lock()
+        self._pushed = False  # pushed since the last heartbeat tick (which then reads: a route may be offered)
         #: opens a link to a consumer's endpoints (set by ``connect``; None: this client takes no route)
         self._dial_direct = None
 
@@ -85,11 +107,31 @@ class _DirectOut:
         if ctrl["op"] == "route":
             if (route is None or route.ending or route.ended) and self._dial_direct is not None \
                     and isinstance(ctrl.get("to"), dict):  # (an ended one may still be listed a moment)
-                self._out_routes[key] = _OutRoute(int(ctrl["r"]), key, str(ctrl["token"]), ctrl["to"])
+                route = self._out_routes[key] = _OutRoute(int(ctrl["r"]), key, str(ctrl["token"]), ctrl["to"])
                 _producers.add(self)
+                threading.Thread(target=self._dial_route, args=(route,), name=f"rlinf-channel-{self.channel}-route",
+                                 daemon=True).start()
             return
         if route is not None and route.r == int(ctrl["r"]):
             self._mark_ending(route)  # ended before the next message, or on a heartbeat tick
+
+    def _dial_route(self, route: _OutRoute) -> None:
+        """Open an offered route's link (a thread of its own: the reader that read the offer never waits)."""
+        try:
+            link = self._dial_direct(route.to, {"service": "channel-direct", "token": route.token}, DIAL_TIMEOUT)
+        except Exception:
+            link = None
+        sock = link.detach() if link is not None else None  # nothing was read on it: the route's own bytes
+        if sock is None and link is not None:
+            link.close()
+        with route.lock:
+            if sock is not None and not (route.ending or route.ended or self._dead is not None):
+                route.sock = sock
+            elif sock is not None:
+                sock.close()
+            route.dialed.set()
+        if route.sock is None:
+            self._mark_ending(route)  # (its ``unrouted`` goes with the next message or tick)
 
     def _mark_ending(self, route: _OutRoute) -> None:
         """``route`` ends before the next message (any thread's: ``_before_send`` looks at ``_ending``)."""
@@ -97,13 +139,21 @@ class _DirectOut:
             self._ending = True
             route.ending = True
 
-    def put_direct(self, ctrl: dict, frames, limit: float, may_start: bool = True) -> bool:
+    def put_direct(self, ctrl: dict, frames, limit: float, may_start="wait") -> bool:
         """Send a put straight to the consumer on its key's route; False if it has none (or it just
-        ended, or it is not started and ``may_start`` is False: an asynchronous put never waits for a
-        start): the put goes through the host.  Raises as a push does."""
+        ended, or it is not started and ``may_start`` is False, or "open" and its link is not open yet):
+        the put goes through the host.  Raises as a push does."""
         route = self._out_routes.get(ctrl["key"])
-        if route is None or route.ending or not (may_start or route.started):
+        if route is None or route.ending:
             return False
+        if not route.started:
+            now = time.monotonic()
+            if now - route.offered > START_WITHIN:
+                self._mark_ending(route)  # (its link at the consumer would soon be closed there)
+                return False
+            if now < route.retry_at or not (may_start and (route.dialed.is_set() or may_start == "wait"
+                                                           and route.dialed.wait(min(limit, DIAL_TIMEOUT)))):
+                return False  # (an asynchronous put does not wait for the link to open)
         if not route.lock.acquire(timeout=limit):  # (not through the host: it could overtake this thread's earlier items)
             raise SendTimeout(f"another put on the route held it for {limit:g} s", busy=True)
         try:
@@ -111,20 +161,23 @@ class _DirectOut:
                 return False
             if not route.started and not self._start_route(route, limit):
                 return False
-            if len(route.kept) >= ROUTE_WINDOW // 2:
-                self._read_credits(route)
-            if route.n - route.credited >= ROUTE_WINDOW or route.n >= ROUTE_ITEMS:
+            if (route.n - route.credited >= ROUTE_WINDOW or route.kept_bytes >= ROUTE_BYTES) \
+                    and not self._await_credit(route, min(limit, ROUTE_STALL)) or route.n >= ROUTE_ITEMS:
                 self._mark_ending(route)  # the consumer is behind: the host queues for it
                 return False
             n = route.n + 1
             weight = ctrl["weight"]
+            copy = [f if type(f) is bytes else bytes(f) for f in frames]  # (the caller may reuse its buffers)
+            size = sum(len(f) for f in copy)
             route.n = n  # counted and kept first: an interrupt may land once it went (then it is delivered)
-            route.kept.append((n, weight, [f if type(f) is bytes else bytes(f) for f in frames]))  # (buffers reused)
+            route.kept.append((n, weight, copy, size))
+            route.kept_bytes += size
             try:
-                send_item(route.sock, n, weight, frames, time.monotonic() + DIRECT_SEND)
+                send_item(route.sock, n, weight, copy, time.monotonic() + DIRECT_SEND)
             except Exception:  # nothing of it, or a torn part the consumer drops, went: it goes through the host
                 route.n = n - 1
                 route.kept.pop()
+                route.kept_bytes -= size
                 self._mark_ending(route)
                 return False
             except BaseException:  # interrupted: nothing more goes on the socket (n is never sent twice)
@@ -136,25 +189,19 @@ class _DirectOut:
         return True
 
     def _start_route(self, route: _OutRoute, limit: float) -> bool:
-        """Open the route's link and ask the host to start it (under its lock)."""
-        try:
-            link = self._dial_direct(route.to, {"service": "channel-direct", "token": route.token},
-                                     min(limit, DIAL_TIMEOUT))
-        except Exception:
-            self._mark_ending(route)
-            return False
-        route.sock = link.detach()  # nothing was read on it: its socket carries the route's own bytes
+        """Ask the host to start the route, whose link is open (under its lock)."""
         if route.sock is None:
-            link.close()
-            self._mark_ending(route)
             return False
         try:
             self._hosted_settled(limit)  # a put on its way to the host must not follow the start
             _rid, fut = self.request({"op": "start", "r": route.r}, (), limit, blocking=True)
-            ok = self.wait_reply(fut, limit + REPLY_GRACE)[0].get("value") is True
-            if ok and not route.ended:
+            reply = self.wait_reply(fut, limit + REPLY_GRACE)[0]
+            if reply.get("value") is True and not route.ended:
                 route.started = True
                 return True
+            if reply.get("later") and not route.ended:  # items wait in the queue: the offer stands
+                route.retry_at = time.monotonic() + START_RETRY
+                return False
         except BaseException as exc:  # no answer: it ends with nothing sent on it (the host may have started it)
             self._mark_ending(route)
             if isinstance(exc, Exception):
@@ -169,7 +216,21 @@ class _DirectOut:
         if credit is not None:
             route.credited = max(route.credited, min(credit, route.n))
             while route.kept and route.kept[0][0] <= route.credited:  # taken: nothing of it is at risk now
-                route.kept.popleft()
+                route.kept_bytes -= route.kept.popleft()[3]
+
+    def _await_credit(self, route: _OutRoute, seconds: float) -> bool:
+        """Wait for credits until the window has room again; False if none came within ``seconds``."""
+        self._read_credits(route)  # the credits that came meanwhile (read only when the window is full)
+        deadline = time.monotonic() + seconds
+        while route.n - route.credited >= ROUTE_WINDOW or route.kept_bytes >= ROUTE_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0 or not _readable(route.sock, left):
+                return False
+            before = (route.credited, len(route.rest))
+            self._read_credits(route)
+            if (route.credited, len(route.rest)) == before:  # readable, and nothing came: the link ended
+                return False
+        return True
 
     def _drop_route(self, route: _OutRoute) -> None:
         if self._out_routes.get(route.key) is route:
@@ -254,9 +315,11 @@ class _DirectOut:
             pass
 
     def _tend_routes(self) -> None:
-        """Heartbeat tick: while a route is started, read what came if no one reads (an ``unroute`` is then
-        answered within a tick, not at the next ping: the key's gets wait for it), and end the routes told to."""
-        if self._reader is None and any(r.started and not r.ended for r in list(self._out_routes.values())) \
+        """Heartbeat tick: while a route is started, or after pushes, read what came if no one reads (an
+        offer reaches a producer that only pushes; an ``unroute`` is answered within a tick, not at the next
+        ping: the key's gets wait for it), and end the routes told to."""
+        pushed, self._pushed = self._pushed, False
+        if self._reader is None and (pushed or any(r.started and not r.ended for r in list(self._out_routes.values()))) \
                 and self._claim():
             try:
                 self._read_one(None)
@@ -276,6 +339,12 @@ def _end_routes_at_exit() -> None:
     for client in list(_producers):
         if client._dead is None and client._out_routes:
             client.end_routes(5.0)
+
+
+def _readable(sock, seconds: float) -> bool:
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(max(1, int(seconds * 1000))))
 
 
 def dialer(transport, dial):

@@ -27,10 +27,10 @@ FRAMES_MAX = 4096
 def send_item(sock: socket.socket, n: int, weight: float, frames, deadline: float) -> None:
     """Write one item whole; ``TimeoutError`` if nothing of it went by ``deadline`` (the socket is left as
     it was), ``ConnectionError`` if it was cut short (the socket is shut down: the consumer drops the part)."""
-    views = [memoryview(f).cast("B") for f in frames]
-    lengths = struct.pack(f"<{len(views)}I", *(v.nbytes for v in views))
-    parts = [HEAD.pack(len(lengths) + sum(v.nbytes for v in views), n, weight, len(views)), lengths, *views]
-    left_bytes = sum(memoryview(p).nbytes for p in parts)
+    sizes = [len(f) if type(f) is bytes else memoryview(f).nbytes for f in frames]
+    body = 4 * len(sizes) + sum(sizes)
+    parts = [struct.pack(f"<IIdI{len(sizes)}I", body, n, weight, len(sizes), *sizes), *frames]
+    left_bytes = HEAD.size + body
     went = 0  # bytes of this item sent so far
     while True:
         try:

@@ -89,3 +89,15 @@ def _shown(canon) -> str:
     if tag == "e":
         return f"{canon[1].rsplit('.', 1)[-1]}.{canon[2]}"
     return canon[2]  # "o": the value's repr
+
+
+class OpLabel:
+    """An operation as its errors name it (``get on channel 'c' key 'k'``), written only when one is."""
+
+    __slots__ = ("op", "channel", "key")
+
+    def __init__(self, op: str, channel: str, key: str):
+        self.op, self.channel, self.key = op, channel, key
+
+    def __str__(self) -> str:
+        return f"{self.op} on channel {self.channel!r} key {show_key(self.key)}"

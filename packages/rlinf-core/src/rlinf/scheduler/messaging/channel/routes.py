@@ -3,11 +3,12 @@ and ``direct_in``).
 
 A *route* lets a producer send a key's items straight to the consumer fed on
 that key, over a link of their own, while the host keeps ordering and
-counting them.  The host grants one when a producer's push on a fed key
-leaves the key's queue empty (``route``, to the producer); the producer
-starts it with its next put there (``start``, a request: granted only if the
-queue is still empty, and then the host tells the consumer, ``go``, after
-every item fed to it before), and from then on sends that key's items to the
+counting them.  The host offers one when a producer pushes on a fed key
+(``route``, to the producer); the producer
+starts it with a later put there (``start``, a request: granted only if the
+queue is empty then, and then the host tells the consumer, ``go``, after
+every item fed to it before; while items wait there the answer is *later*,
+and the producer may ask again), and from then on sends that key's items to the
 consumer, each numbered ``n`` = 1, 2, ... on the route.  The consumer treats
 them as fed items: it acknowledges each (id ``direct_id(r, n)``) and returns
 the ones it does not hand out, with their bytes (``dreturn``).
@@ -89,12 +90,13 @@ class _Routes:
         self._route_later: set = set()  # (producer, key) pushed to this turn: offered a route after it
 
     def _offer_routes(self) -> None:
-        """End of a turn: offer a route to each producer whose push left a fed key's queue empty."""
+        """End of a turn: offer a route to each producer that pushed on a fed key (it starts the route once
+        nothing waits in the queue there)."""
         later, self._route_later = self._route_later, set()
         now = None
         for a, key in later:
             q = self._queues.get(key)
-            if q is None or q.feed is None or q.items or q.getters or not a.alive or key in a.routes_out:
+            if q is None or q.feed is None or q.getters or not a.alive or key in a.routes_out:
                 continue
             f = q.feed
             if f.conn is a or f.conn.direct is None or not f.conn.alive:
@@ -117,7 +119,7 @@ class _Routes:
         route = self._routes.get(int(ctrl.get("r", 0)))
         if op == "start":
             ok = self._start(conn, route)
-            return self._reply(conn, {"id": ctrl.get("id", 0), "value": ok})
+            return self._reply(conn, {"id": ctrl.get("id", 0), "value": ok is True, "later": ok is None})
         if route is None:
             return
         if op == "unrouted" and route.a is conn:
@@ -129,11 +131,14 @@ class _Routes:
                 route.last = route.got  # the producer is gone: what the consumer read is all it sent
             self._maybe_close(route)
 
-    def _start(self, conn: _Conn, route: Optional[_Route]) -> bool:
-        """Whether the producer may send on ``route`` from now on (every item before is fed already)."""
+    def _start(self, conn: _Conn, route: Optional[_Route]) -> Optional[bool]:
+        """Whether the producer may send on ``route`` from now on (every item before is fed already); None:
+        not yet (items before wait in the queue, or a put there awaits its commit), the offer stands."""
         if route is None or route.a is not conn or route.started:
             return False
         q = self._queues.get(route.key)
+        if route.live and q is not None and q.feed is route.feed and route.b.alive and (q.items or q.uncommitted):
+            return None
         if not route.live or q is None or q.feed is not route.feed or q.items or q.uncommitted or not route.b.alive:
             conn.refused[route.key] = time.monotonic() + REFUSED_PAUSE
             route.live, route.last = False, 0

@@ -96,6 +96,7 @@ class _Sends:
 
     def _push(self, ctrl: dict, frames, limit: float) -> None:
         self._before_send(limit)
+        self._pushed = True  # (the heartbeat tick reads: a route may be offered, see ``direct_out``)
         if self._dead:
             raise PeerDiedError(self._dead, peer=self.host)
         if self._acks:
@@ -128,6 +129,7 @@ class _Sends:
     def _send_batch(self, ctrl: dict, frames, limit: float) -> None:
         """Send a batch of pushes (``flush_batch`` holds its lock); raises as ``push`` does."""
         self._before_send(limit, batch=False)
+        self._pushed = True
         if self._dead:
             raise PeerDiedError(self._dead, peer=self.host)
         self._send_with_acks(ctrl, frames, limit)
