@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from rlinf.scheduler.messaging.channel import direct_in
+from rlinf.scheduler.messaging.channel import direct_in, direct_out
 from rlinf.scheduler.messaging.channel.batching import BATCH_GAP
 from rlinf.scheduler.messaging.channel.direct_out import START_RETRY, dialer
 from rlinf.scheduler.messaging.channel.direct_wire import send_item
@@ -309,6 +309,51 @@ def test_a_producer_that_only_puts_asynchronously_hears_its_offer(routed):
     t.join(30)
     assert got == list(range(1, 201))
     wait_for(lambda: "k" in p._out_routes, 2, "the route offered to p, heard without any request of p's")
+
+
+def test_a_route_never_started_is_given_up_with_its_link(routed, monkeypatch):
+    monkeypatch.setattr(direct_out, "START_WITHIN", 0.5)
+    h = routed("routes_unstarted")
+    p, c = _routed_pair(h)  # offered; p puts nothing more on k
+    route = p._out_routes["k"]
+    assert route.dialed.wait(5) and route.sock is not None
+    wait_for(lambda: "k" not in p._out_routes, 5, "p gave the route up on a heartbeat tick")
+    assert route.sock is None or route.sock.fileno() == -1  # its link closed
+    wait_for(lambda: not h.server._ask(lambda: list(h.server._routes)), 5, "the host forgot it")
+
+
+def test_a_consumer_that_stays_behind_costs_its_producer_few_links(routed, monkeypatch):
+    """Items wait in the queue (the consumer reads nothing): each start is answered *later*, and an offer
+    given up is not made again at once, so the producer opens a link once per offer period, not per put."""
+    monkeypatch.setattr(direct_out, "START_WITHIN", 0.15)
+    h = routed("routes_behind_links")
+    p, c, q = h.client("p"), h.client("c"), h.client("q")
+    _put(p, "k", 0)
+    assert _get(c, "k") == 0
+    dials, real = [], p._dial_direct
+
+    def counting(to, hello, timeout):
+        dials.append(time.monotonic())
+        return real(to, hello, timeout)
+
+    p._dial_direct = counting
+    with c._turn_lock:
+        c._reader = -1  # c reads nothing: its window fills, and items wait in the queue
+    try:
+        for i in range(100, 140):
+            _put(q, "k", i)
+        wait_for(lambda: _host_state(h)["items"] > 0, 5, "items queued")
+        end, i = time.monotonic() + 0.8, 1  # (c's heartbeat gives its host up after 1.2 s unread)
+        while time.monotonic() < end:
+            _put(p, "k", i)
+            i += 1
+            time.sleep(0.02)
+            if i % 10 == 0:
+                _hear(p)
+    finally:
+        c._reader = None
+    assert 1 <= len(dials) <= 2, len(dials)  # (no new offer for 1 s after one is given up: REFUSED_PAUSE)
+    assert sorted(_get(c, "k") for _ in range(39 + i)) == sorted([*range(100, 140), *range(1, i)])
 
 
 def test_the_producer_forgets_what_the_consumer_took(routed):

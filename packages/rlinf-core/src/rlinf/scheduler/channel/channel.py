@@ -335,8 +335,9 @@ class Channel:
             weight: what the item counts for in ``get_batch``.
             key: the queue to append to: any hashable value, with the rules of a dict key
                 (each key is its own FIFO; ``("a", 1)`` is the same queue in every process).
-            async_op: return an ``AsyncWork`` instead of waiting (at once, unless the item goes
-                straight to a consumer that has not taken the last 64: then within 20 ms).
+            async_op: return an ``AsyncWork`` instead of waiting for the host (a put that starts a
+                route to the consumer waits for the host's answer, and one on a route whose consumer
+                has not taken the last 64 items waits for it, 20 ms at most).
             timeout: seconds to wait; ``None``: the configured default
                 (``RLINF_TIMEOUT``; with ``async_op``, the work's ``wait`` bounds it:
                 a ``wait(t)`` on that work that runs out withdraws the put, which

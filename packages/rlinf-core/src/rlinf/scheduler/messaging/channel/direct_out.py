@@ -1,9 +1,12 @@
 """Direct routes on the producer's side (a part of ``client.ChannelClient``; see ``routes``).
 
 The host offers a route (``route``: the key, the consumer's endpoints and a
-token).  The next put on that key opens a link to the consumer and starts
-the route (``start``, a request: the host grants it only if every earlier
-item of the key has gone to the consumer).  From then on every put there
+token) when this client pushes on a key fed to another.  A thread of its
+own opens a link to the consumer at once; a later put on that key starts
+the route (``start``, a request: the host grants it only if nothing waits
+in the key's queue, every earlier item having gone to the consumer, and
+otherwise answers *later*: the offer stands, and a put ``START_RETRY`` on
+asks again, for ``START_WITHIN`` at most).  From then on every put there
 that would be a push goes straight to the consumer instead, numbered on the
 route, and returns once the link took it whole.  The producer keeps each
 item until the consumer says it took it (a credit on the link, see
@@ -12,15 +15,15 @@ item until the consumer says it took it (a credit on the link, see
 The producer ends a route (``unrouted``: the number of items it sent, with
 copies of the ones the consumer has not said it took, which the host puts
 back if the consumer is gone or returns, and drops once the consumer
-acknowledges them) when the host asks (``unroute``), when the consumer has
-not taken ``ROUTE_WINDOW`` of its items, when the link fails, or before a put
-on its key that cannot go straight (a request: ``put_nowait``, a large item):
-before any later message, so such a put goes through the host after it.
+acknowledges them) when the host asks (``unroute``), when no credit came
+for ``ROUTE_STALL`` while ``ROUTE_WINDOW`` items were not credited, when
+the link fails, or before a put on its key that cannot go straight (a
+request: ``put_nowait``, a large item): before any later message, so such
+a put goes through the host after it.
 When ``ROUTE_WINDOW`` items are not credited yet, a put waits for the
 consumer's next credit, ``ROUTE_STALL`` at most (flow control: a stream
 whose producer outruns its consumer stays on the route), and only then
-ends the route.  The link is opened by a thread of its own as soon as the
-offer is read; a synchronous put waits for it (``DIAL_TIMEOUT`` at most),
+ends the route.  A synchronous put waits for the link to open (``DIAL_TIMEOUT`` at most),
 an asynchronous one goes through the host until it is open, and starts the
 route only when it is not part of a burst (see ``batching``: a start is a
 round trip, and a burst's puts would be refused anyway, since the host
@@ -54,7 +57,7 @@ DIAL_TIMEOUT = 2.0
 #: seconds after a start the host answered *later* (items wait in the queue) before the next try, and
 #: after the offer before the producer gives the route up if it has not started (the consumer keeps a
 #: link nobody started for ``direct_in.LINK_WAIT``, 10 s)
-START_RETRY, START_WITHIN = 0.05, 3.0
+START_RETRY, START_WITHIN = 0.05, 5.0
 #: seconds a put on a route whose window is full waits for the consumer's credit (then the route ends)
 ROUTE_STALL = 0.02
 #: bytes a producer keeps for a route (copies of items not credited yet): past them, as a full window
@@ -117,21 +120,25 @@ class _DirectOut:
 
     def _dial_route(self, route: _OutRoute) -> None:
         """Open an offered route's link (a thread of its own: the reader that read the offer never waits)."""
+        sock = None
         try:
             link = self._dial_direct(route.to, {"service": "channel-direct", "token": route.token}, DIAL_TIMEOUT)
+            sock = link.detach()  # nothing was read on it: the route's own bytes
+            if sock is None:
+                link.close()
         except Exception:
-            link = None
-        sock = link.detach() if link is not None else None  # nothing was read on it: the route's own bytes
-        if sock is None and link is not None:
-            link.close()
-        with route.lock:
-            if sock is not None and not (route.ending or route.ended or self._dead is not None):
-                route.sock = sock
-            elif sock is not None:
-                sock.close()
-            route.dialed.set()
-        if route.sock is None:
-            self._mark_ending(route)  # (its ``unrouted`` goes with the next message or tick)
+            pass
+        finally:  # (whatever happened: a put waiting for the dial goes on)
+            with route.lock:
+                if sock is not None and not (route.ending or route.ended or self._dead is not None):
+                    route.sock = sock
+                elif sock is not None:
+                    sock.close()
+                route.dialed.set()
+            if self._dead is not None and route.sock is not None:  # failed meanwhile (``fail`` takes no route lock)
+                self._drop_route(route)
+            if route.sock is None:
+                self._mark_ending(route)  # (its ``unrouted`` goes with the next message or tick)
 
     def _mark_ending(self, route: _OutRoute) -> None:
         """``route`` ends before the next message (any thread's: ``_before_send`` looks at ``_ending``)."""
@@ -151,19 +158,22 @@ class _DirectOut:
             if now - route.offered > START_WITHIN:
                 self._mark_ending(route)  # (its link at the consumer would soon be closed there)
                 return False
-            if now < route.retry_at or not (may_start and (route.dialed.is_set() or may_start == "wait"
-                                                           and route.dialed.wait(min(limit, DIAL_TIMEOUT)))):
-                return False  # (an asynchronous put does not wait for the link to open)
+            if now < route.retry_at or (may_start == "open" and self._hosted > 1) or not (
+                    may_start and (route.dialed.is_set() or may_start == "wait"
+                                   and route.dialed.wait(min(limit, DIAL_TIMEOUT)))):
+                return False  # (an asynchronous put waits neither for the link to open nor for other threads)
+        self._count_hosted(-1)  # not on its way to the host while it waits for the route (nor in its own start)
         if not route.lock.acquire(timeout=limit):  # (not through the host: it could overtake this thread's earlier items)
             raise SendTimeout(f"another put on the route held it for {limit:g} s", busy=True)
         try:
-            if route.ending or route.ended:
-                return False
-            if not route.started and not self._start_route(route, limit):
+            if route.ending or route.ended or not route.started and (
+                    time.monotonic() < route.retry_at or not self._start_route(route, limit)):
+                self._count_hosted(1)  # on its way to the host again, before a start can follow (the lock)
                 return False
             if (route.n - route.credited >= ROUTE_WINDOW or route.kept_bytes >= ROUTE_BYTES) \
                     and not self._await_credit(route, min(limit, ROUTE_STALL)) or route.n >= ROUTE_ITEMS:
                 self._mark_ending(route)  # the consumer is behind: the host queues for it
+                self._count_hosted(1)
                 return False
             n = route.n + 1
             weight = ctrl["weight"]
@@ -179,6 +189,7 @@ class _DirectOut:
                 route.kept.pop()
                 route.kept_bytes -= size
                 self._mark_ending(route)
+                self._count_hosted(1)
                 return False
             except BaseException:  # interrupted: nothing more goes on the socket (n is never sent twice)
                 self._mark_ending(route)
@@ -212,7 +223,15 @@ class _DirectOut:
         return False
 
     def _read_credits(self, route: _OutRoute) -> None:
-        credit, route.rest = read_credit(route.sock, route.rest)
+        if route.rest is None:  # an interrupt cut a read: the credits that follow cannot be trusted
+            return
+        try:
+            credit, rest = read_credit(route.sock, route.rest)
+        except BaseException:  # (bytes read and dropped: the route keeps all it has, and ends)
+            route.rest = None
+            self._mark_ending(route)
+            raise
+        route.rest = rest
         if credit is not None:
             route.credited = max(route.credited, min(credit, route.n))
             while route.kept and route.kept[0][0] <= route.credited:  # taken: nothing of it is at risk now
@@ -226,9 +245,9 @@ class _DirectOut:
             left = deadline - time.monotonic()
             if left <= 0 or not _readable(route.sock, left):
                 return False
-            before = (route.credited, len(route.rest))
+            before = (route.credited, route.rest)
             self._read_credits(route)
-            if (route.credited, len(route.rest)) == before:  # readable, and nothing came: the link ended
+            if (route.credited, route.rest) == before:  # readable, and nothing came: the link ended
                 return False
         return True
 
@@ -273,18 +292,16 @@ class _DirectOut:
         return True
 
     def hosted(self, key: str, direct) -> bool:
-        """Put through ``direct()`` if ``key`` has a route, else count a put on its way to the host until
-        ``hosted_done``; True if it went straight."""
+        """Count a put on its way to the host until ``hosted_done``, and put it through ``direct()`` if
+        ``key`` has a route; True if it went straight (``direct`` took the count off: it does so only while
+        it waits for the route's lock or went straight, and a put it returns False for is counted again
+        before that lock is released)."""
+        self._count_hosted(1)
+        return key in self._out_routes and direct()
+
+    def _count_hosted(self, n: int) -> None:
         with self._hosted_lock:
-            self._hosted += 1
-        if key in self._out_routes:
-            with self._hosted_lock:
-                self._hosted -= 1  # (its own start must not wait for it)
-            if direct():
-                return True
-            with self._hosted_lock:
-                self._hosted += 1
-        return False
+            self._hosted += n
 
     def _end_route_of(self, key: str) -> bool:
         route = self._out_routes.get(key)
@@ -293,8 +310,7 @@ class _DirectOut:
         return False
 
     def hosted_done(self) -> None:
-        with self._hosted_lock:
-            self._hosted -= 1
+        self._count_hosted(-1)
 
     def _hosted_settled(self, limit: float) -> None:
         """Wait (``START_WAIT`` at most) until no put of another thread is on its way to the host."""
@@ -325,6 +341,10 @@ class _DirectOut:
                 self._read_one(None)
             finally:
                 self._release()
+        now = time.monotonic()
+        for route in list(self._out_routes.values()):
+            if not route.started and not route.ending and now - route.offered > START_WITHIN:
+                self._mark_ending(route)  # never started: its link is closed, and the host forgets it
         if self._ending:
             self._end_routes_out(when_idle=True)
 

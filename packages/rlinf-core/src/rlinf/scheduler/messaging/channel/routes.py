@@ -17,7 +17,8 @@ Nothing is lost with either process: the producer keeps each item until
 the consumer says, on their link, that it took it (after its acknowledgement
 went to the host).  A route ends when the consumer's feed ends or the
 consumer goes (the host says ``unroute``), or the producer ends it (the
-consumer has not taken ``ROUTE_WINDOW`` of its items, or the link failed):
+consumer left ``ROUTE_WINDOW`` of its items uncredited for a while, or the
+link failed, or it was not started in time):
 the producer then says how many items it sent (``unrouted``, ``last``) and
 sends with it *copies* of the ones it still keeps, which the host holds in
 flight to the consumer, drops on the consumer's acknowledgement and puts
@@ -162,8 +163,8 @@ class _Routes:
             del route.a.routes_out[route.key]
         if route.started and route.b.alive:
             self._drain_acks(route.b, progress=False)  # what its consumer took already is resolved
-        if route.started and (last == 0 or route.resolved < last):  # it failed, or its consumer fell behind:
-            route.a.refused[route.key] = time.monotonic() + REFUSED_PAUSE  # no new route there at once
+        if not route.started or last == 0 or route.resolved < last:  # it never started, it failed, or its
+            route.a.refused[route.key] = time.monotonic() + REFUSED_PAUSE  # consumer fell behind: not at once
         if route.resolved < last and q is not None and q.feed is route.feed and route.b.alive:
             self._recall(q, route.key)
         self._maybe_close(route)
