@@ -29,6 +29,20 @@ def _offered(w, ch):
     return _key(ch) in ch._client(0)._out_routes
 
 
+def _dialed(w, ch):
+    route = ch._client(0)._out_routes.get(_key(ch))
+    return route is not None and route.dialed.is_set() and route.sock is not None
+
+
+def _put_all_async(w, ch, items):
+    """Put ``items`` with ``async_op=True`` (the first, alone, may start the route; the rest are a burst)
+    and wait for their works; then (items sent on the route, items the producer keeps for the consumer)."""
+    for work in [ch.put(i, async_op=True) for i in items]:
+        work.wait(10)
+    route = ch._client(0)._out_routes.get(_key(ch))
+    return None if route is None else (route.n, len(route.kept))
+
+
 def _put_all(w, ch, items):
     """Put ``items``; then (items sent on the route, items the producer keeps for the consumer)."""
     for i in items:
@@ -54,4 +68,24 @@ def test_a_consumer_killed_holding_direct_items_loses_none(cluster, launch, shor
     # host, after the items the consumer had not taken, which the producer kept
     run_on(producer, 0, _put_all, ch, [22]).wait()
     assert [ch.get(timeout=10) for _ in range(18)] == list(range(5, 23))
+    assert ch.qsize() == 0
+
+
+@survives_worker_death
+def test_a_consumer_killed_holding_items_put_asynchronously_on_a_route_loses_none(cluster, launch, short_beats):
+    ch = Channel.create("routes_killed_async")
+    producer = launch(Peer, placement=NodePlacementStrategy([0]))
+    consumer = launch(Peer, placement=NodePlacementStrategy([0]))
+    run_on(producer, 0, _put_all, ch, [0]).wait()
+    assert run_on(consumer, 0, lambda w, ch: ch.get(timeout=10), ch).wait() == [0]  # fed from now on
+    run_on(producer, 0, _put_all_async, ch, [1]).wait()  # a push on a fed key: the host offers a route
+    assert run_on(consumer, 0, lambda w, ch: ch.get(timeout=10), ch).wait() == [1]
+    wait_for(lambda: run_on(producer, 0, _offered, ch).wait()[0], 10, "a route offered to the producer")
+    wait_for(lambda: run_on(producer, 0, _dialed, ch).wait()[0], 10, "the route's link open")
+    # the first put, alone, starts the route; its burst follows it straight to the consumer
+    assert run_on(producer, 0, _put_all_async, ch, list(range(2, 42))).wait() == [(40, 40)]
+    assert run_on(consumer, 0, lambda w, ch: [ch.get(timeout=10) for _ in range(3)], ch).wait() == [[2, 3, 4]]
+    os.kill(consumer.worker_info_list[0].pid, signal.SIGKILL)  # 37 items in its buffer or on their way
+    run_on(producer, 0, _put_all_async, ch, [42]).wait()
+    assert [ch.get(timeout=10) for _ in range(38)] == list(range(5, 43))
     assert ch.qsize() == 0
