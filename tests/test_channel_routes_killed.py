@@ -52,40 +52,24 @@ def _put_all(w, ch, items):
 
 
 @survives_worker_death
-def test_a_consumer_killed_holding_direct_items_loses_none(cluster, launch, short_beats):
-    ch = Channel.create("routes_killed")
+@pytest.mark.parametrize("put", [_put_all, _put_all_async], ids=["sync", "async"])
+def test_a_consumer_killed_holding_direct_items_loses_none(cluster, launch, short_beats, put):
+    """With synchronous puts, or asynchronous ones (the first, alone, starts the route; its burst follows
+    it straight to the consumer): the items the consumer held come back from the producer's copies."""
+    ch = Channel.create(f"routes_killed_{put.__name__}")
     producer = launch(Peer, placement=NodePlacementStrategy([0]))
     consumer = launch(Peer, placement=NodePlacementStrategy([0]))
     run_on(producer, 0, _put_all, ch, [0]).wait()
     assert run_on(consumer, 0, lambda w, ch: ch.get(timeout=10), ch).wait() == [0]  # fed from now on
-    run_on(producer, 0, _put_all, ch, [1]).wait()  # fed at once: the host offers the producer a route
-    assert run_on(consumer, 0, lambda w, ch: ch.get(timeout=10), ch).wait() == [1]
-    wait_for(lambda: run_on(producer, 0, _offered, ch).wait()[0], 10, "a route offered to the producer")
-    assert run_on(producer, 0, _put_all, ch, list(range(2, 22))).wait() == [(20, 20)]  # all straight to the consumer
-    assert run_on(consumer, 0, lambda w, ch: [ch.get(timeout=10) for _ in range(3)], ch).wait() == [[2, 3, 4]]
-    os.kill(consumer.worker_info_list[0].pid, signal.SIGKILL)  # 17 items in its buffer or on their way
-    # the producer's next put finds the route gone (its host says so, or the link fails) and goes through the
-    # host, after the items the consumer had not taken, which the producer kept
-    run_on(producer, 0, _put_all, ch, [22]).wait()
-    assert [ch.get(timeout=10) for _ in range(18)] == list(range(5, 23))
-    assert ch.qsize() == 0
-
-
-@survives_worker_death
-def test_a_consumer_killed_holding_items_put_asynchronously_on_a_route_loses_none(cluster, launch, short_beats):
-    ch = Channel.create("routes_killed_async")
-    producer = launch(Peer, placement=NodePlacementStrategy([0]))
-    consumer = launch(Peer, placement=NodePlacementStrategy([0]))
-    run_on(producer, 0, _put_all, ch, [0]).wait()
-    assert run_on(consumer, 0, lambda w, ch: ch.get(timeout=10), ch).wait() == [0]  # fed from now on
-    run_on(producer, 0, _put_all_async, ch, [1]).wait()  # a push on a fed key: the host offers a route
+    run_on(producer, 0, put, ch, [1]).wait()  # a push on a fed key: the host offers the producer a route
     assert run_on(consumer, 0, lambda w, ch: ch.get(timeout=10), ch).wait() == [1]
     wait_for(lambda: run_on(producer, 0, _offered, ch).wait()[0], 10, "a route offered to the producer")
     wait_for(lambda: run_on(producer, 0, _dialed, ch).wait()[0], 10, "the route's link open")
-    # the first put, alone, starts the route; its burst follows it straight to the consumer
-    assert run_on(producer, 0, _put_all_async, ch, list(range(2, 42))).wait() == [(40, 40)]
+    assert run_on(producer, 0, put, ch, list(range(2, 42))).wait() == [(40, 40)]  # all straight to the consumer
     assert run_on(consumer, 0, lambda w, ch: [ch.get(timeout=10) for _ in range(3)], ch).wait() == [[2, 3, 4]]
     os.kill(consumer.worker_info_list[0].pid, signal.SIGKILL)  # 37 items in its buffer or on their way
-    run_on(producer, 0, _put_all_async, ch, [42]).wait()
+    # the producer's next put finds the route gone (its host says so, or the link fails) and goes through the
+    # host, after the items the consumer had not taken, which the producer kept
+    run_on(producer, 0, put, ch, [42]).wait()
     assert [ch.get(timeout=10) for _ in range(38)] == list(range(5, 43))
     assert ch.qsize() == 0
