@@ -485,3 +485,121 @@ def test_a_put_on_its_way_to_the_host_goes_before_the_route_starts(routed):
     t2[0].join(10)
     got = [_get(c, "k") for _ in range(3)]
     assert [x for x in got if x[0] == "t2"] == [("t2", 0), ("t2", 1)] and ("t1", 0) in got
+
+
+class _DialInterrupted:
+    """Stands for ``route.dialed`` while the dial is under way; an interrupt lands in a put's wait for it."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def is_set(self):
+        return False
+
+    def wait(self, timeout=None):
+        raise KeyboardInterrupt
+
+    def set(self):
+        self.real.set()
+
+
+def test_an_interrupted_put_leaves_no_count_that_would_hold_starts_back(routed):
+    h = routed("routes_count_interrupt")
+    p, c = _routed_pair(h)
+    route = p._out_routes["k"]
+    assert route.dialed.wait(5) and route.sock is not None
+    real, route.dialed = route.dialed, _DialInterrupted(route.dialed)
+    with pytest.raises(KeyboardInterrupt):
+        _put(p, "k", 2)  # interrupted while it waits for the link to open: it did not happen
+    route.dialed = real
+    assert p._hosted == {}
+    start = time.monotonic()
+    _put(p, "k", 3)  # starts the route at once (a count left behind would hold it 50 ms, then end it)
+    assert route.started and time.monotonic() - start < 0.04
+    assert _get(c, "k") == 3
+
+
+def test_puts_on_other_keys_do_not_hold_a_start_back(routed):
+    h = routed("routes_count_keys")
+    p, c = _routed_pair(h)
+    route = p._out_routes["k"]
+    assert route.dialed.wait(5)
+    stop = threading.Event()
+
+    def other():  # another thread of p's puts through the host on a key nobody is fed on
+        i = 0
+        while not stop.is_set() and i < 20000:
+            _put(p, "z", i)
+            i += 1
+
+    t = threading.Thread(target=other)
+    t.start()
+    try:
+        time.sleep(0.05)
+        _put(p, "k", 2)
+    finally:
+        stop.set()
+        t.join(10)
+    assert route.started and route.n == 1
+    assert _get(c, "k") == 2
+
+
+def test_a_put_that_comes_while_another_thread_starts_the_route_keeps_its_order(routed):
+    """Thread a's asynchronous put, part of a burst, comes while the main thread's start is being sent:
+    it waits for the start's outcome instead of going through the host behind it, where its own next put,
+    straight on the route, would overtake it."""
+    h = routed("routes_start_race")
+    p, c = _routed_pair(h)
+    route = p._out_routes["k"]
+    assert route.dialed.wait(5) and route.sock is not None
+    start_sent, a_first, a_done = threading.Event(), threading.Event(), threading.Event()
+    main, works = threading.current_thread(), []
+
+    def thread_a():
+        p._last_push = time.monotonic() + 1  # part of a burst: it would not start a route itself
+        works.append(_put_async(p, "k", ("a", 0)))
+        a_first.set()
+        assert start_sent.wait(5)
+        wait_for(lambda: route.started, 5, "the route started")
+        works.append(_put_async(p, "k", ("a", 1)))
+        a_done.set()
+
+    send_with_acks = p._send_with_acks
+
+    def sending(ctrl, frames, limit, undo=None):
+        if threading.current_thread() is main and ctrl.get("op") == "start" and not start_sent.is_set():
+            threading.Thread(target=thread_a).start()  # a puts after the start looked at the counts
+            a_first.wait(0.2)
+            try:
+                return send_with_acks(ctrl, frames, limit, undo)
+            finally:
+                start_sent.set()
+        return send_with_acks(ctrl, frames, limit, undo)
+
+    p._send_with_acks = sending
+    send_batch = p._send_batch
+
+    def batch_late(ctrl, frames, limit):  # a batch of a's goes after a's next put (the worst order for it)
+        if threading.current_thread() is not main:
+            a_done.wait(5)
+        return send_batch(ctrl, frames, limit)
+
+    p._send_batch = batch_late
+    _put(p, "k", ("b", 0))  # starts the route
+    assert a_done.wait(5)
+    for w in works:
+        assert w is None or w.result(5) is None
+    got = [_get(c, "k") for _ in range(3)]
+    assert [x for x in got if x[0] == "a"] == [("a", 0), ("a", 1)], got
+
+
+def test_a_route_whose_link_was_closed_here_under_a_full_window_ends_cleanly(routed):
+    h = routed("routes_closed_here")
+    p, c = _routed_pair(h)
+    for i in range(2, 2 + ROUTE_WINDOW):
+        _put(p, "k", i)  # c takes nothing: no credit comes
+    route = p._out_routes["k"]
+    assert route.started and route.n == ROUTE_WINDOW
+    route.sock.close()  # as a failing connection closes it, from another thread, without the route's lock
+    _put(p, "k", 999)  # the route ends (no ValueError from the closed socket); this goes through the host
+    assert [_get(c, "k") for _ in range(ROUTE_WINDOW + 1)] == [*range(2, 2 + ROUTE_WINDOW), 999]

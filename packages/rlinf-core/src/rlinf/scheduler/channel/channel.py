@@ -336,8 +336,8 @@ class Channel:
             key: the queue to append to: any hashable value, with the rules of a dict key
                 (each key is its own FIFO; ``("a", 1)`` is the same queue in every process).
             async_op: return an ``AsyncWork`` instead of waiting for the host (a put that starts a
-                route to the consumer waits for the host's answer, and one on a route whose consumer
-                has not taken the last 64 items waits for it, 20 ms at most).
+                route to the consumer waits for the host's answer, bounded as a synchronous put's is,
+                and one on a route whose consumer has not taken the last 64 items waits 20 ms at most).
             timeout: seconds to wait; ``None``: the configured default
                 (``RLINF_TIMEOUT``; with ``async_op``, the work's ``wait`` bounds it:
                 a ``wait(t)`` on that work that runs out withdraws the put, which

@@ -113,12 +113,14 @@ class _Batches:
         limit = self._send_timeout if send_timeout is None else send_timeout
         # a put that is not part of a burst may start its key's route, once its link is open (see ``direct_out``)
         alone = self._batch is None and not self._flushing and time.monotonic() - self._last_push >= BATCH_GAP
-        if self.hosted(ctrl["key"], lambda: self.put_direct(ctrl, frames, limit, may_start="open" if alone else False)):
-            return None  # went straight to the consumer
+        counted = [0]
         try:
-            return self._push_async(ctrl, frames, nbytes, send_timeout)
+            if self.hosted(ctrl["key"], lambda: self.put_direct(ctrl, frames, limit, counted, "open" if alone else False),
+                           counted):
+                return None  # went straight to the consumer
+            return self._push_async(ctrl, frames, nbytes, send_timeout)  # (a batch goes before any start)
         finally:
-            self.hosted_done()
+            self.hosted_done(ctrl["key"], counted)
 
     def _push_async(self, ctrl: dict, frames, nbytes: int, send_timeout: Optional[float]
                     ) -> Optional[concurrent.futures.Future]:

@@ -70,7 +70,7 @@ _producers: "weakref.WeakSet" = weakref.WeakSet()  # clients offered a route: th
 
 class _OutRoute:
     __slots__ = ("r", "key", "token", "to", "sock", "rest", "n", "credited", "kept", "kept_bytes", "started",
-                 "ending", "ended", "lock", "dialed", "offered", "retry_at")
+                 "starting", "ending", "ended", "lock", "dialed", "offered", "retry_at")
 
     def __init__(self, r: int, key: str, token: str, to: dict):
         self.r, self.key, self.token, self.to = r, key, token, to
@@ -83,6 +83,7 @@ class _OutRoute:
         self.dialed = threading.Event()  # the dial is over (``sock`` is set if it succeeded)
         self.offered = self.retry_at = time.monotonic()  # (no start before ``retry_at``)
         self.started = False
+        self.starting = False  # a start is under way (set before it looks at the puts on their way to the host)
         self.ending = False  # to end before the next message (``unrouted``)
         self.ended = False
         self.lock = threading.RLock()  # one put on it at a time (which may end it: its start sends first)
@@ -95,9 +96,9 @@ class _DirectOut:
         self._out_routes: dict[str, _OutRoute] = {}
         self._ending = False  # a route is to end (see _OutRoute.ending): set before the route's own mark
         self._ending_lock = threading.Lock()
-        #: puts (of any thread) on their way to the host: counted from before they look for a route until
-        #: sent, so a start is sent after them (a thread's earlier put must not follow its route's start)
-        self._hosted = 0
+        #: key -> puts (of any thread) on their way to the host there: counted from before they look for a
+        #: route until sent, so a start is sent after them (a thread's put must not follow its route's start)
+        self._hosted: dict = {}
         self._hosted_lock = threading.Lock()
         self._pushed = False  # pushed since the last heartbeat tick (which then reads: a route may be offered)
         #: opens a link to a consumer's endpoints (set by ``connect``; None: this client takes no route)
@@ -120,15 +121,18 @@ class _DirectOut:
 
     def _dial_route(self, route: _OutRoute) -> None:
         """Open an offered route's link (a thread of its own: the reader that read the offer never waits)."""
-        sock = None
+        sock = link = None
         try:
             link = self._dial_direct(route.to, {"service": "channel-direct", "token": route.token}, DIAL_TIMEOUT)
             sock = link.detach()  # nothing was read on it: the route's own bytes
-            if sock is None:
-                link.close()
-        except Exception:
+        except Exception:  # (the route ends below: its puts go through the host)
             pass
-        finally:  # (whatever happened: a put waiting for the dial goes on)
+        finally:
+            if sock is None and link is not None:
+                try:
+                    link.close()
+                except Exception:
+                    pass  # (whatever happened: a put waiting for the dial goes on)
             with route.lock:
                 if sock is not None and not (route.ending or route.ended or self._dead is not None):
                     route.sock = sock
@@ -146,34 +150,35 @@ class _DirectOut:
             self._ending = True
             route.ending = True
 
-    def put_direct(self, ctrl: dict, frames, limit: float, may_start="wait") -> bool:
+    def put_direct(self, ctrl: dict, frames, limit: float, counted: list, may_start="wait") -> bool:
         """Send a put straight to the consumer on its key's route; False if it has none (or it just
         ended, or it is not started and ``may_start`` is False, or "open" and its link is not open yet):
-        the put goes through the host.  Raises as a push does."""
-        route = self._out_routes.get(ctrl["key"])
+        the put goes through the host.  Raises as a push does.  ``counted``: see ``hosted``."""
+        key = ctrl["key"]
+        route = self._out_routes.get(key)
         if route is None or route.ending:
             return False
-        if not route.started:
+        if not route.started and not route.starting:  # (read after the put was counted: see ``_start_route``)
             now = time.monotonic()
             if now - route.offered > START_WITHIN:
                 self._mark_ending(route)  # (its link at the consumer would soon be closed there)
                 return False
-            if now < route.retry_at or (may_start == "open" and self._hosted > 1) or not (
+            if now < route.retry_at or (may_start == "open" and self._hosted.get(key, 0) > 1) or not (
                     may_start and (route.dialed.is_set() or may_start == "wait"
                                    and route.dialed.wait(min(limit, DIAL_TIMEOUT)))):
                 return False  # (an asynchronous put waits neither for the link to open nor for other threads)
-        self._count_hosted(-1)  # not on its way to the host while it waits for the route (nor in its own start)
+        self._count_hosted(key, -1, counted)  # not on its way to the host while it waits for the route
         if not route.lock.acquire(timeout=limit):  # (not through the host: it could overtake this thread's earlier items)
             raise SendTimeout(f"another put on the route held it for {limit:g} s", busy=True)
         try:
             if route.ending or route.ended or not route.started and (
-                    time.monotonic() < route.retry_at or not self._start_route(route, limit)):
-                self._count_hosted(1)  # on its way to the host again, before a start can follow (the lock)
+                    time.monotonic() < route.retry_at or not self._start_route(route, limit) or route.ending):
+                self._count_hosted(key, 1, counted)  # on its way to the host again, before a start can follow
                 return False
             if (route.n - route.credited >= ROUTE_WINDOW or route.kept_bytes >= ROUTE_BYTES) \
                     and not self._await_credit(route, min(limit, ROUTE_STALL)) or route.n >= ROUTE_ITEMS:
                 self._mark_ending(route)  # the consumer is behind: the host queues for it
-                self._count_hosted(1)
+                self._count_hosted(key, 1, counted)
                 return False
             n = route.n + 1
             weight = ctrl["weight"]
@@ -189,7 +194,7 @@ class _DirectOut:
                 route.kept.pop()
                 route.kept_bytes -= size
                 self._mark_ending(route)
-                self._count_hosted(1)
+                self._count_hosted(key, 1, counted)
                 return False
             except BaseException:  # interrupted: nothing more goes on the socket (n is never sent twice)
                 self._mark_ending(route)
@@ -200,11 +205,16 @@ class _DirectOut:
         return True
 
     def _start_route(self, route: _OutRoute, limit: float) -> bool:
-        """Ask the host to start the route, whose link is open (under its lock)."""
+        """Ask the host to start the route, whose link is open (under its lock).
+
+        ``starting`` is set before it looks at the puts on their way to the host, and a put is counted
+        before it looks at ``starting``: so either the start waits for the put to be sent, or the put
+        sees the start under way and waits for its outcome (the route's lock)."""
         if route.sock is None:
             return False
+        route.starting = True
         try:
-            self._hosted_settled(limit)  # a put on its way to the host must not follow the start
+            self._hosted_settled(route.key, limit)  # a put on its way to the host must not follow the start
             _rid, fut = self.request({"op": "start", "r": route.r}, (), limit, blocking=True)
             reply = self.wait_reply(fut, limit + REPLY_GRACE)[0]
             if reply.get("value") is True and not route.ended:
@@ -218,6 +228,8 @@ class _DirectOut:
             if isinstance(exc, Exception):
                 return False  # the put goes through the host (which raises if the host is gone)
             raise
+        finally:
+            route.starting = False
         route.ended = True  # refused (the host forgot it), or ended meanwhile (the host heard that)
         self._drop_route(route)
         return False
@@ -291,17 +303,23 @@ class _DirectOut:
             self._ending = any(r.ending and not r.ended for r in self._out_routes.values())
         return True
 
-    def hosted(self, key: str, direct) -> bool:
-        """Count a put on its way to the host until ``hosted_done``, and put it through ``direct()`` if
-        ``key`` has a route; True if it went straight (``direct`` took the count off: it does so only while
-        it waits for the route's lock or went straight, and a put it returns False for is counted again
-        before that lock is released)."""
-        self._count_hosted(1)
+    def hosted(self, key: str, direct, counted: list) -> bool:
+        """Count a put on ``key`` as on its way to the host, and put it through ``direct()`` if ``key``
+        has a route; True if it went straight.  ``direct`` takes the count off only while it waits for the
+        route's lock or went straight, and counts a put it returns False for again before it releases that
+        lock.  ``counted`` (``[0]``, the caller's) holds this put's count: the caller's ``hosted_done``, in
+        a ``finally``, takes off whatever is left, however the put ended."""
+        self._count_hosted(key, 1, counted)
         return key in self._out_routes and direct()
 
-    def _count_hosted(self, n: int) -> None:
+    def _count_hosted(self, key: str, n: int, counted: list) -> None:
         with self._hosted_lock:
-            self._hosted += n
+            left = self._hosted.get(key, 0) + n
+            counted[0] += n
+            if left:
+                self._hosted[key] = left
+            else:
+                self._hosted.pop(key, None)
 
     def _end_route_of(self, key: str) -> bool:
         route = self._out_routes.get(key)
@@ -309,13 +327,14 @@ class _DirectOut:
             self._mark_ending(route)
         return False
 
-    def hosted_done(self) -> None:
-        self._count_hosted(-1)
+    def hosted_done(self, key: str, counted: list) -> None:
+        if counted[0]:
+            self._count_hosted(key, -counted[0], counted)
 
-    def _hosted_settled(self, limit: float) -> None:
-        """Wait (``START_WAIT`` at most) until no put of another thread is on its way to the host."""
+    def _hosted_settled(self, key: str, limit: float) -> None:
+        """Wait (``START_WAIT`` at most) until no put of another thread is on its way to the host on ``key``."""
         end = time.monotonic() + min(limit, START_WAIT)
-        while self._hosted:
+        while self._hosted.get(key):
             if time.monotonic() > end:
                 raise SendTimeout("other threads kept putting through the host")
             time.sleep(0.0002)
@@ -343,7 +362,7 @@ class _DirectOut:
                 self._release()
         now = time.monotonic()
         for route in list(self._out_routes.values()):
-            if not route.started and not route.ending and now - route.offered > START_WITHIN:
+            if not (route.started or route.starting or route.ending) and now - route.offered > START_WITHIN:
                 self._mark_ending(route)  # never started: its link is closed, and the host forgets it
         if self._ending:
             self._end_routes_out(when_idle=True)
@@ -362,8 +381,13 @@ def _end_routes_at_exit() -> None:
 
 
 def _readable(sock, seconds: float) -> bool:
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
+    """Whether ``sock`` has bytes (or its end) within ``seconds``; False if it is closed here (the
+    connection failed meanwhile)."""
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+    except (ValueError, OSError):
+        return False
     return bool(poller.poll(max(1, int(seconds * 1000))))
 
 

@@ -37,11 +37,12 @@ class _Sends:
         future must then get no callbacks: whichever thread reads sets it."""
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
         if ctrl.get("op") == "put":
-            self.hosted(ctrl["key"], lambda: self._end_route_of(ctrl["key"]))  # its route ends before it
+            counted = [0]
             try:
+                self.hosted(ctrl["key"], lambda: self._end_route_of(ctrl["key"]), counted)  # its route ends first
                 return self._request(ctrl, frames, limit, blocking)
             finally:
-                self.hosted_done()
+                self.hosted_done(ctrl["key"], counted)
         return self._request(ctrl, frames, limit, blocking)
 
     def _request(self, ctrl: dict, frames, limit: float, blocking: bool) -> tuple[int, concurrent.futures.Future]:
@@ -87,12 +88,13 @@ class _Sends:
         the put happened (the host applies the whole messages a departed client left); raises as
         ``request`` does if it was not (``SendTimeout``: nothing was sent)."""
         limit = send_limit(self._send_timeout, frames) if send_timeout is None else send_timeout
-        if self.hosted(ctrl["key"], lambda: self.put_direct(ctrl, frames, limit)):
-            return  # went straight to the consumer (see ``direct_out``)
+        counted = [0]
         try:
+            if self.hosted(ctrl["key"], lambda: self.put_direct(ctrl, frames, limit, counted), counted):
+                return  # went straight to the consumer (see ``direct_out``)
             self._push(ctrl, frames, limit)
         finally:
-            self.hosted_done()
+            self.hosted_done(ctrl["key"], counted)
 
     def _push(self, ctrl: dict, frames, limit: float) -> None:
         self._before_send(limit)
