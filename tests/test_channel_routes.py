@@ -15,7 +15,7 @@ import pytest
 from rlinf.scheduler.messaging.channel import direct_in, direct_out
 from rlinf.scheduler.messaging.channel.batching import BATCH_GAP
 from rlinf.scheduler.messaging.channel.direct_out import START_RETRY, dialer
-from rlinf.scheduler.messaging.channel.direct_wire import send_item
+from rlinf.scheduler.messaging.channel.direct_wire import pack_credit, send_item
 from rlinf.scheduler.messaging.channel.protocol import ROUTE_WINDOW
 from rlinf.scheduler.messaging.p2p.communicator import Communicator
 from rlinf.scheduler.transports.cpu_transport import CpuTransport
@@ -603,3 +603,28 @@ def test_a_route_whose_link_was_closed_here_under_a_full_window_ends_cleanly(rou
     route.sock.close()  # as a failing connection closes it, from another thread, without the route's lock
     _put(p, "k", 999)  # the route ends (no ValueError from the closed socket); this goes through the host
     assert [_get(c, "k") for _ in range(ROUTE_WINDOW + 1)] == [*range(2, 2 + ROUTE_WINDOW), 999]
+
+
+def test_a_credit_stream_out_of_step_credits_nothing(routed):
+    """Bytes of the consumer's credits lost (an interrupt in a read) leave the stream out of step: the
+    producer takes no record read from it for a credit, ends the route, and keeps every item it sent, so a
+    consumer that then dies loses none."""
+    h = routed("routes_credit_step")
+    p, c = _routed_pair(h)
+    for i in range(2, 22):
+        _put(p, "k", i)
+    route = p._out_routes["k"]
+    assert route.n == 20 and len(route.kept) == 20
+    _hear(c)  # c reads the host's go: the route's link joins its connection
+    wait_for(lambda: len(c._in_routes) == 1, 5, "the route's link at c")
+    (inbound,) = c._in_routes.values()
+    inbound.sock.send(b"\x01\x02\x03" + pack_credit(20))  # as if 3 bytes were lost before a credit for all 20
+    p._read_credits(route)
+    assert route.ending and route.credited == 0 and len(route.kept) == 20
+    c._read_direct = lambda: 0  # c dies holding whatever came on the route
+    c._queue_return = lambda *args: None
+    c._link.close()
+    c._ack_link and c._ack_link.close()
+    d = h.client("d")
+    _hear(p)  # p's end of the route, with copies of all 20, goes before this request
+    assert [_get(d, "k") for _ in range(20)] == list(range(2, 22))

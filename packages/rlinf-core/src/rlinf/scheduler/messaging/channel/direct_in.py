@@ -22,7 +22,7 @@ import time
 from typing import Callable, Optional
 
 from ...base import config
-from .direct_wire import CREDIT, Reader
+from .direct_wire import Reader, pack_credit
 from .protocol import ROUTE_WINDOW, direct_id, split_direct
 
 #: items taken between two credits on a route's link
@@ -250,7 +250,7 @@ class _DirectIn:
             if route.taken - route.credited >= CREDIT_EVERY:
                 route.credited = route.taken
                 try:
-                    route.sock.send(CREDIT.pack(route.taken))
+                    route.sock.send(pack_credit(route.taken))
                 except OSError:
                     pass  # its producer is gone, or does not read: the route ends from its side
 

@@ -41,13 +41,12 @@ from __future__ import annotations
 import atexit
 import collections
 import json
-import select
 import threading
 import time
 import weakref
 from typing import Optional
 
-from .direct_wire import read_credit, send_item, shut
+from .direct_wire import read_credit, readable, send_item, shut
 from .protocol import REPLY_GRACE, ROUTE_ITEMS, ROUTE_WINDOW, SendTimeout
 
 #: seconds a direct put waits for its link to take the item (a consumer that does not read: the route ends)
@@ -239,8 +238,11 @@ class _DirectOut:
             return
         try:
             credit, rest = read_credit(route.sock, route.rest)
-        except BaseException:  # (bytes read and dropped: the route keeps all it has, and ends)
-            route.rest = None
+        except ValueError:  # out of step (an interrupt dropped bytes read from it): the route keeps all it
+            route.rest = None  # has, and ends
+            self._mark_ending(route)
+            return
+        except BaseException:  # (bytes read may be lost: the next read finds the stream out of step)
             self._mark_ending(route)
             raise
         route.rest = rest
@@ -255,7 +257,7 @@ class _DirectOut:
         deadline = time.monotonic() + seconds
         while route.n - route.credited >= ROUTE_WINDOW or route.kept_bytes >= ROUTE_BYTES:
             left = deadline - time.monotonic()
-            if left <= 0 or not _readable(route.sock, left):
+            if left <= 0 or not readable(route.sock, left):
                 return False
             before = (route.credited, route.rest)
             self._read_credits(route)
@@ -378,17 +380,6 @@ def _end_routes_at_exit() -> None:
     for client in list(_producers):
         if client._dead is None and client._out_routes:
             client.end_routes(5.0)
-
-
-def _readable(sock, seconds: float) -> bool:
-    """Whether ``sock`` has bytes (or its end) within ``seconds``; False if it is closed here (the
-    connection failed meanwhile)."""
-    try:
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-    except (ValueError, OSError):
-        return False
-    return bool(poller.poll(max(1, int(seconds * 1000))))
 
 
 def dialer(transport, dial):

@@ -3,7 +3,8 @@
 Producer to consumer, one message per item: a head (``HEAD``: the bytes
 after it, the item's number on the route, its weight, its frame count), the
 frames' lengths (uint32 each), then the frames.  Consumer to producer: bare
-8-byte credits (``CREDIT``: items taken so far).  A framed link cost about
+8-byte credits (``CREDIT``: items taken so far, and the same number's bitwise
+complement, so a record read out of step is never taken for a credit).  A framed link cost about
 twice as much per item in Python; these are one ``sendmsg`` and one parse.
 A message cut short (its sender failed midway) is dropped with the link's
 end, so an item either arrives whole or not at all.
@@ -18,7 +19,12 @@ import time
 from typing import Optional
 
 HEAD = struct.Struct("<IIdI")  # bytes after the head, item number, weight, frame count
-CREDIT = struct.Struct("<Q")
+CREDIT = struct.Struct("<II")  # items taken, and its complement
+_ALL = 0xFFFFFFFF
+
+
+def pack_credit(taken: int) -> bytes:
+    return CREDIT.pack(taken, taken ^ _ALL)
 #: the largest message a consumer takes on a route (an item there is smaller than a push's limit)
 MESSAGE_MAX = 1 << 17
 FRAMES_MAX = 4096
@@ -129,8 +135,10 @@ class Reader:
 
 
 def read_credit(sock: socket.socket, rest: bytes) -> tuple[Optional[int], bytes]:
-    """The latest credit that came (None if none), and the start of a record cut by the read."""
-    latest = None
+    """The latest credit that came (None if none), and the start of a record cut by the read.
+
+    ``ValueError`` if a record is not a credit (the stream is out of step: an interrupt dropped bytes
+    read from it, or something else wrote to it); the caller trusts no credit of that link from then on."""
     try:
         data = rest + sock.recv(1 << 12)
     except (BlockingIOError, InterruptedError):
@@ -138,6 +146,20 @@ def read_credit(sock: socket.socket, rest: bytes) -> tuple[Optional[int], bytes]
     except OSError:
         return None, b""
     whole = len(data) - len(data) % CREDIT.size
-    if whole:
-        latest = CREDIT.unpack_from(data, whole - CREDIT.size)[0]
+    latest = None
+    for taken, check in CREDIT.iter_unpack(data[:whole]):
+        if check != taken ^ _ALL:
+            raise ValueError("a route's link carried a record that is not a credit")
+        latest = taken
     return latest, data[whole:]
+
+
+def readable(sock: socket.socket, seconds: float) -> bool:
+    """Whether ``sock`` has bytes (or its end) within ``seconds``; False if it is closed here (the
+    connection failed meanwhile)."""
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+    except (ValueError, OSError):
+        return False
+    return bool(poller.poll(max(1, int(seconds * 1000))))
