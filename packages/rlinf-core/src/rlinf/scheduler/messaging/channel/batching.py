@@ -173,11 +173,8 @@ class _Batches:
                 self.flush_batch()
             except Exception:  # held past the send timeout by another batch: it is sent after that one
                 self._flush_wake.set()
-            if self._reader is None and self._claim():  # what came meanwhile: a route offered for these pushes
-                try:  # is heard now, not on the next heartbeat tick, so the next burst can take it
-                    self._read_one(None)
-                finally:
-                    self._release()
+            self._read_arrived()  # a route offered for these pushes is heard now, not on the next heartbeat
+            #                       tick, so the next burst can take it
         self._fail_batch(self._dead or "closed")
 
     def flush_batch(self, limit: Optional[float] = None, final: bool = True) -> None:

@@ -254,6 +254,15 @@ class ChannelClient(_Sends, _Batches, _Commits, _Acks, _Feeds, _DirectIn, _Direc
             self._replies.append((rid, ctrl, frames[1:], None))
             self._nudge()
 
+    def _read_arrived(self) -> None:
+        """Route what has arrived, without waiting, if no one reads (a thread that reads for no call:
+        the heartbeat's, the batches')."""
+        if self._reader is None and self._claim():
+            try:
+                self._read_one(None)
+            finally:
+                self._release()
+
     def _connection(self) -> str:
         return f"the connection to the host of channel {self.channel!r} ({self.host})"
 

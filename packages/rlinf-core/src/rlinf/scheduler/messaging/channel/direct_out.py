@@ -41,12 +41,13 @@ from __future__ import annotations
 import atexit
 import collections
 import json
+import select
 import threading
 import time
 import weakref
 from typing import Optional
 
-from .direct_wire import read_credit, readable, send_item, shut
+from .direct_wire import read_credit, ready, send_item, shut
 from .protocol import REPLY_GRACE, ROUTE_ITEMS, ROUTE_WINDOW, SendTimeout
 
 #: seconds a direct put waits for its link to take the item (a consumer that does not read: the route ends)
@@ -257,7 +258,7 @@ class _DirectOut:
         deadline = time.monotonic() + seconds
         while route.n - route.credited >= ROUTE_WINDOW or route.kept_bytes >= ROUTE_BYTES:
             left = deadline - time.monotonic()
-            if left <= 0 or not readable(route.sock, left):
+            if left <= 0 or not ready(route.sock, select.POLLIN, left):
                 return False
             before = (route.credited, route.rest)
             self._read_credits(route)
@@ -356,12 +357,8 @@ class _DirectOut:
         offer reaches a producer that only pushes; an ``unroute`` is answered within a tick, not at the next
         ping: the key's gets wait for it), and end the routes told to."""
         pushed, self._pushed = self._pushed, False
-        if self._reader is None and (pushed or any(r.started and not r.ended for r in list(self._out_routes.values()))) \
-                and self._claim():
-            try:
-                self._read_one(None)
-            finally:
-                self._release()
+        if pushed or any(r.started and not r.ended for r in list(self._out_routes.values())):
+            self._read_arrived()
         now = time.monotonic()
         for route in list(self._out_routes.values()):
             if not (route.started or route.starting or route.ending) and now - route.offered > START_WITHIN:

@@ -55,17 +55,11 @@ def send_item(sock: socket.socket, n: int, weight: float, frames, deadline: floa
             return
         parts = _rest(parts, sent)
         left = deadline - time.monotonic()
-        if left <= 0 or not _writable(sock, left):
+        if left <= 0 or not ready(sock, select.POLLOUT, left):
             if not went:
                 raise TimeoutError("the route's link took nothing")
             shut(sock)
             raise ConnectionError("the route's link took an item only in part")
-
-
-def _writable(sock: socket.socket, seconds: float) -> bool:
-    poller = select.poll()
-    poller.register(sock, select.POLLOUT)
-    return bool(poller.poll(max(1, int(seconds * 1000))))
 
 
 def _rest(parts: list, sent: int) -> list:
@@ -154,12 +148,12 @@ def read_credit(sock: socket.socket, rest: bytes) -> tuple[Optional[int], bytes]
     return latest, data[whole:]
 
 
-def readable(sock: socket.socket, seconds: float) -> bool:
-    """Whether ``sock`` has bytes (or its end) within ``seconds``; False if it is closed here (the
-    connection failed meanwhile)."""
+def ready(sock: socket.socket, event: int, seconds: float) -> bool:
+    """Whether ``sock`` is ready for ``event`` (``select.POLLIN``: bytes or its end; ``POLLOUT``: room)
+    within ``seconds``; False if it is closed here (the connection failed meanwhile)."""
     try:
         poller = select.poll()
-        poller.register(sock, select.POLLIN)
+        poller.register(sock, event)
     except (ValueError, OSError):
         return False
     return bool(poller.poll(max(1, int(seconds * 1000))))

@@ -200,8 +200,5 @@ class _Feeds:
             self.end_feed(key, when_idle=True)  # this thread never waits behind another send
         if self._returns:
             self._send_returns(when_idle=True)
-        if (self._feeds or now < self._fed_until) and self._reader is None and self._claim():
-            try:
-                self._read_one(None)
-            finally:
-                self._release()
+        if self._feeds or now < self._fed_until:
+            self._read_arrived()
